@@ -1,0 +1,50 @@
+// How one decode step sees a sequence of N tokens (SPEC sections 4-5): which tokens come
+// from quantized pages and which from the BF16 slot (sink + recent). One definition, used
+// by the CPU reference, the control kernel and the decode kernel.
+//
+// A page is promoted (quantized) after the step that wrote its last token, so a step with
+// N tokens attends to floor((N-1)/128) quantized pages and 1..128 recent BF16 tokens; the
+// 16 sink tokens are BF16 too and their FP4 copy in page 0 is masked. Without the BF16
+// sink/recent, every token is quantized: the unfinished last page is quantized as it
+// stands (re-quantized each step, zero-padded).
+#pragma once
+
+#include "fp4kv/core/host_device.h"
+
+namespace fp4kv {
+
+struct DecodeLayout {
+  int quant_pages = 0;       // quantized pages attended
+  int last_page_tokens = 0;  // valid tokens of the last quantized page (128 unless partial)
+  int masked_prefix = 0;     // leading tokens of page 0 not attended there (BF16 sink copy)
+  int sink_tokens = 0;       // BF16 tokens [0, sink_tokens)
+  int recent_begin = 0;      // BF16 tokens [recent_begin, recent_end)
+  int recent_end = 0;
+  FP4KV_HD int bf16_tokens() const { return sink_tokens + recent_end - recent_begin; }
+};
+
+// quantized: the cache stores pages (FP8/NVFP4/MXFP4); false for BF16/FP32 caches.
+FP4KV_HD DecodeLayout decode_layout(int n_tokens, bool quantized, bool bf16_sink_recent,
+                                    int page_tokens = 128, int sink = 16) {
+  DecodeLayout l;
+  if (n_tokens <= 0) return l;
+  if (!quantized) {
+    l.recent_end = n_tokens;
+    return l;
+  }
+  if (!bf16_sink_recent) {
+    l.quant_pages = (n_tokens + page_tokens - 1) / page_tokens;
+    l.last_page_tokens = n_tokens - (l.quant_pages - 1) * page_tokens;
+    return l;
+  }
+  l.quant_pages = (n_tokens - 1) / page_tokens;
+  l.recent_end = n_tokens;
+  if (l.quant_pages == 0) return l;  // everything is still in the BF16 slot
+  l.last_page_tokens = page_tokens;
+  l.masked_prefix = sink;
+  l.sink_tokens = sink;
+  l.recent_begin = l.quant_pages * page_tokens;
+  return l;
+}
+
+}  // namespace fp4kv

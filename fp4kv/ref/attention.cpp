@@ -1,0 +1,438 @@
+#include "fp4kv/ref/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "fp4kv/core/block_quant.h"
+#include "fp4kv/core/error.h"
+#include "fp4kv/core/half.h"
+#include "fp4kv/core/operand_quant.h"
+#include "fp4kv/core/transform.h"
+
+namespace fp4kv::ref {
+
+namespace {
+
+constexpr int P = kPageTokens;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+float gamma_of(int d) { return float(1.4426950408889634 / std::sqrt(double(d))); }
+
+// The 16-bit operand type of mixed mode: FP16, or BF16 with MXFP4 caches (E8M0 scales do
+// not fit FP16's range, so MXFP4 expands to BF16; see docs/DESIGN.md).
+float round_operand(float x, KvFormat f) { return f == KvFormat::mxfp4 ? round_bf16(x) : round_fp16(x); }
+
+float exp2f_ref(float x) { return float(std::exp2(double(x))); }
+
+void check_head_dim(int d, const Recipe& r) {
+  require(d > 0, "head_dim must be positive");
+  if (r.rotate_keys)
+    require(hadamard_supported(d), "head_dim " + std::to_string(d) +
+                                       " is not supported by the Hadamard transform (needs 64, 128, 256 or 512)");
+  if (r.fp4()) require(d % r.block() == 0, "head_dim " + std::to_string(d) + " is not a multiple of the " +
+                                               to_string(r.kv) + " block size " + std::to_string(r.block()));
+}
+
+// q' for one head: non-finite elements become 0 (they must not poison anything), then
+// the recipe's rotation.
+std::vector<float> transformed_query(const float* q, int d, const Recipe& r) {
+  std::vector<float> x(d), out(d);
+  for (int i = 0; i < d; ++i) x[i] = is_finite(q[i]) ? q[i] : 0.0f;
+  transform_query(x.data(), d, r.rotate_keys, out.data());
+  return out;
+}
+
+// One FP4 vector: the expanded MMA operand (code * block scale) and its FP32 multiplier.
+struct Fp4Term {
+  std::vector<float> expanded;
+  std::vector<float> dequant;  // expanded * g, what the term contributes
+  float g = 1.0f;
+};
+
+// Quantizes x (standard rule, no search) and returns the term and the residual x - deq.
+Fp4Term quantize_term(const std::vector<float>& x, KvFormat f, std::vector<float>* residual) {
+  const int d = int(x.size());
+  Fp4Term t;
+  t.expanded.resize(d);
+  t.dequant.resize(d);
+  if (residual) residual->resize(d);
+  uint8_t codes[32];
+  if (f == KvFormat::nvfp4) {
+    t.g = nvfp4_global_scale(finite_amax(x.data(), d, 1));
+    for (int j = 0; j < d; j += kNvfp4Block) {
+      const uint8_t s = nvfp4_quantize_block(&x[j], 1, t.g, false, codes);
+      for (int i = 0; i < kNvfp4Block; ++i) t.expanded[j + i] = mul_rn(e2m1_value(codes[i]), e4m3_value(s));
+      if (residual) nvfp4_block_residual(&x[j], codes, s, t.g, &(*residual)[j]);
+    }
+  } else {
+    for (int j = 0; j < d; j += kMxfp4Block) {
+      const uint8_t s = mxfp4_quantize_block(&x[j], 1, false, codes);
+      for (int i = 0; i < kMxfp4Block; ++i) t.expanded[j + i] = mul_rn(e2m1_value(codes[i]), e8m0_value(s));
+      if (residual) mxfp4_block_residual(&x[j], codes, s, &(*residual)[j]);
+    }
+  }
+  for (int i = 0; i < d; ++i) t.dequant[i] = mul_rn(t.expanded[i], t.g);
+  return t;
+}
+
+// The query of one head as both products see it.
+struct QueryOperand {
+  std::vector<float> full;   // q' in float: used against BF16 tokens
+  std::vector<Fp4Term> terms;  // against quantized pages: 1 or 2 terms (16-bit q' is one term with g = 1)
+  std::vector<float> qbar;   // smoothing-Q variant: high-precision mean, added back exactly
+};
+
+std::vector<QueryOperand> make_query_operands(const float* q, int G, int d, const Recipe& r) {
+  std::vector<QueryOperand> ops(G);
+  for (int h = 0; h < G; ++h) ops[h].full = transformed_query(q + size_t(h) * d, d, r);
+  if (!(r.fp4() || r.kv == KvFormat::fp8)) return ops;  // only BF16 tokens
+  std::vector<float> qbar;
+  if (r.query == QueryFormat::smooth_fp4) {
+    qbar.assign(d, 0.0f);
+    for (int h = 0; h < G; ++h)
+      for (int i = 0; i < d; ++i) qbar[i] = add_rn(qbar[i], ops[h].full[i]);
+    for (int i = 0; i < d; ++i) qbar[i] = div_rn(qbar[i], float(G));
+  }
+  for (int h = 0; h < G; ++h) {
+    QueryOperand& op = ops[h];
+    switch (r.query) {
+      case QueryFormat::full: {
+        Fp4Term t;
+        t.expanded.resize(d);
+        for (int i = 0; i < d; ++i) t.expanded[i] = round_operand(op.full[i], r.kv);
+        t.dequant = t.expanded;
+        op.terms.push_back(std::move(t));
+        break;
+      }
+      case QueryFormat::fp4: op.terms.push_back(quantize_term(op.full, r.kv, nullptr)); break;
+      case QueryFormat::dual_fp4: {
+        std::vector<float> residual;
+        op.terms.push_back(quantize_term(op.full, r.kv, &residual));
+        op.terms.push_back(quantize_term(residual, r.kv, nullptr));
+        break;
+      }
+      case QueryFormat::smooth_fp4: {
+        std::vector<float> x(d);
+        for (int i = 0; i < d; ++i) x[i] = sub_rn(op.full[i], qbar[i]);
+        op.terms.push_back(quantize_term(x, r.kv, nullptr));
+        op.qbar = qbar;
+        break;
+      }
+    }
+  }
+  return ops;
+}
+
+// Running state of one split for one head: unnormalized output, running max, row sum.
+struct SplitState {
+  std::vector<double> o;
+  float m = kNegInf;
+  double l = 0.0;
+  float log2c = 0.0f;  // log2 of the P scaling factor folded into exp2 (0 or 3)
+};
+
+// Logit of quantized key `i` of `page`: ((sum_t dot_t * g_t) * g_K) * gamma.
+float page_logit(const QueryOperand& op, const QuantPage& page, int i, float gamma) {
+  const int d = page.d;
+  float acc = 0.0f;
+  for (size_t t = 0; t < op.terms.size(); ++t) {
+    double dot = 0.0;
+    for (int c = 0; c < d; ++c) dot += double(op.terms[t].expanded[c]) * double(page.k_expanded(i, c));
+    const float term = mul_rn(float(dot), op.terms[t].g);
+    acc = t == 0 ? term : add_rn(acc, term);
+  }
+  if (!op.qbar.empty()) {
+    double dot = 0.0;
+    for (int c = 0; c < d; ++c) dot += double(op.qbar[c]) * double(page.k_expanded(i, c));
+    acc = add_rn(acc, float(dot));
+  }
+  return mul_rn(mul_rn(acc, page.k_g), gamma);
+}
+
+void log_hist(PBlockStats& s, float pmax) {
+  int bin = 40;
+  if (pmax > 0.0f) bin = std::min(40, std::max(0, -floor_log2(pmax) - 1));
+  s.pmax_log2_hist[bin]++;
+}
+
+// One tile (= one quantized page) of Algorithm 1 for one head.
+void process_page(const QueryOperand& op, const QuantPage& page, int first, int end, const Recipe& r, float gamma,
+                  SplitState& st, PBlockStats* stats) {
+  const int d = page.d;
+  std::vector<float> s(P, kNegInf);
+  float tile_max = kNegInf;
+  for (int i = first; i < end; ++i) {
+    s[i] = page_logit(op, page, i, gamma);
+    tile_max = std::max(tile_max, s[i]);
+  }
+  if (tile_max == kNegInf) return;
+  const float m_new = std::max(st.m, tile_max);
+  const double alpha = st.m == kNegInf ? 0.0 : std::exp2(double(st.m) - double(m_new));
+  st.m = m_new;
+
+  // p_i = exp2(S_i - m + log2 c); the row sum uses the unquantized p.
+  std::vector<float> p(P, 0.0f), pq(P, 0.0f);
+  double psum = 0.0;
+  for (int i = first; i < end; ++i) {
+    p[i] = exp2f_ref(add_rn(sub_rn(s[i], m_new), st.log2c));
+    psum += p[i];
+  }
+  st.l = st.l * alpha + psum;
+
+  float pv_factor = 1.0f;  // two-level scaling multiplies its P.V partial back
+  if (r.prob == ProbFormat::full) {
+    for (int i = first; i < end; ++i) pq[i] = round_operand(p[i], r.kv);
+  } else if (r.kv == KvFormat::nvfp4) {
+    float boost = 1.0f;
+    if (r.prob == ProbFormat::fp4_two_level) {
+      float amax = 0.0f;
+      for (int i = first; i < end; ++i) amax = std::max(amax, p[i]);
+      boost = div_rn(kNvfp4GlobalDivisor, amax);  // tile max -> 448 * 6
+      pv_factor = div_rn(amax, kNvfp4GlobalDivisor);
+    }
+    for (int b = 0; b < P; b += kNvfp4Block) {
+      float x[kNvfp4Block], pmax = 0.0f;
+      for (int i = 0; i < kNvfp4Block; ++i) {
+        x[i] = r.prob == ProbFormat::fp4_two_level ? mul_rn(p[b + i], boost) : p[b + i];
+        pmax = std::max(pmax, x[i]);
+      }
+      if (pmax == 0.0f) continue;  // nothing attended in this block
+      const uint8_t sc = nvfp4_prob_scale(pmax, r.prob == ProbFormat::fp4_underflow, r.tau);
+      const float sv = e4m3_value(sc);
+      for (int i = 0; i < kNvfp4Block; ++i) pq[b + i] = mul_rn(e2m1_value(nvfp4_prob_code(x[i], sv)), sv);
+      if (stats) {
+        stats->blocks++;
+        if (sv == 0.0f) stats->zero_scale_blocks++;
+        // Histogram of max(p_b) itself, without c or the two-level boost.
+        const float unscaled = r.prob == ProbFormat::fp4_two_level ? div_rn(pmax, boost)
+                               : st.log2c > 0                      ? div_rn(pmax, r.c)
+                                                                   : pmax;
+        log_hist(*stats, unscaled);
+      }
+    }
+  } else {  // MXFP4 probabilities
+    for (int b = 0; b < P; b += kMxfp4Block) {
+      float pmax = 0.0f;
+      for (int i = 0; i < kMxfp4Block; ++i) pmax = std::max(pmax, p[b + i]);
+      if (pmax == 0.0f) continue;
+      const uint8_t sc = mxfp4_prob_scale(pmax);
+      for (int i = 0; i < kMxfp4Block; ++i) pq[b + i] = mul_rn(e2m1_value(mxfp4_prob_code(p[b + i], sc)), e8m0_value(sc));
+      if (stats) {
+        stats->blocks++;
+        log_hist(*stats, st.log2c > 0 ? div_rn(pmax, r.c) : pmax);
+      }
+    }
+  }
+
+  for (int c = 0; c < d; ++c) {
+    double pv = 0.0;
+    for (int i = first; i < end; ++i) pv += double(pq[i]) * double(page.v_expanded(i, c));
+    st.o[c] = st.o[c] * alpha + double(mul_rn(mul_rn(float(pv), page.v_g), pv_factor));
+  }
+}
+
+// The BF16 split (sink + recent): FP32 arithmetic on BF16-stored K' and V, no quantization.
+void process_bf16(const QueryOperand& op, const HeadCacheView& view, float gamma, SplitState& st) {
+  const int d = view.d, n = view.layout.bf16_tokens();
+  if (n == 0) return;
+  std::vector<float> s(n);
+  float m = kNegInf;
+  for (int i = 0; i < n; ++i) {
+    double dot = 0.0;
+    for (int c = 0; c < d; ++c) dot += double(op.full[c]) * double(view.bf16_k[size_t(i) * d + c]);
+    s[i] = mul_rn(float(dot), gamma);
+    m = std::max(m, s[i]);
+  }
+  st.m = m;
+  for (int i = 0; i < n; ++i) {
+    const float p = exp2f_ref(sub_rn(s[i], m));
+    st.l += p;
+    for (int c = 0; c < d; ++c) st.o[c] += double(p) * double(view.bf16_v[size_t(i) * d + c]);
+  }
+}
+
+}  // namespace
+
+AttentionOutput exact_attention(const float* q, int G, const float* k, const float* v, int n, int d) {
+  require(n >= 1, "empty sequence: attention needs at least one key");
+  require(G >= 1 && d >= 1, "attention needs G >= 1 query heads and head_dim >= 1");
+  AttentionOutput res;
+  res.out.assign(size_t(G) * d, 0.0f);
+  res.lse.assign(G, 0.0f);
+  const double scale = 1.0 / std::sqrt(double(d));
+  std::vector<double> s(n), o(d);
+  for (int h = 0; h < G; ++h) {
+    double m = -std::numeric_limits<double>::infinity();
+    for (int i = 0; i < n; ++i) {
+      double dot = 0.0;
+      for (int c = 0; c < d; ++c) dot += double(q[size_t(h) * d + c]) * double(k[size_t(i) * d + c]);
+      s[i] = dot * scale;
+      m = std::max(m, s[i]);
+    }
+    double l = 0.0;
+    std::fill(o.begin(), o.end(), 0.0);
+    for (int i = 0; i < n; ++i) {
+      const double p = std::exp(s[i] - m);
+      l += p;
+      for (int c = 0; c < d; ++c) o[c] += p * double(v[size_t(i) * d + c]);
+    }
+    for (int c = 0; c < d; ++c) res.out[size_t(h) * d + c] = float(o[c] / l);
+    res.lse[h] = float(m + std::log(l));
+  }
+  return res;
+}
+
+AttentionOutput quantized_attention(const float* q, int G, const HeadCacheView& view, const Recipe& r,
+                                    const SplitBounds& bounds_in, PBlockStats* stats) {
+  const int d = view.d;
+  check_head_dim(d, r);
+  require(G >= 1, "decode attention needs at least one query head");
+  const DecodeLayout& L = view.layout;
+  require(L.quant_pages + L.bf16_tokens() > 0, "empty sequence: decode attention needs at least one token");
+  require(int(view.pages.size()) == L.quant_pages, "view has " + std::to_string(view.pages.size()) +
+                                                        " pages, layout says " + std::to_string(L.quant_pages));
+  SplitBounds bounds = bounds_in;
+  if (bounds.empty()) bounds = {0, L.quant_pages};
+  require(bounds.front() == 0 && bounds.back() == L.quant_pages && std::is_sorted(bounds.begin(), bounds.end()),
+          "split bounds must rise from 0 to the number of quantized pages");
+
+  const float gamma = gamma_of(d);
+  const auto ops = make_query_operands(q, G, d, r);
+  const float log2c = r.prob == ProbFormat::fp4_underflow ? std::log2(r.c) : 0.0f;
+
+  AttentionOutput res;
+  res.out.assign(size_t(G) * d, 0.0f);
+  res.lse.assign(G, 0.0f);
+  for (int h = 0; h < G; ++h) {
+    std::vector<SplitState> splits;
+    for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+      SplitState st;
+      st.o.assign(d, 0.0);
+      st.log2c = log2c;
+      for (int pg = bounds[s]; pg < bounds[s + 1]; ++pg) {
+        const int first = pg == 0 ? L.masked_prefix : 0;
+        const int end = pg == L.quant_pages - 1 ? L.last_page_tokens : P;
+        process_page(ops[h], *view.pages[pg], first, end, r, gamma, st, stats);
+      }
+      splits.push_back(std::move(st));
+    }
+    SplitState bf;
+    bf.o.assign(d, 0.0);
+    process_bf16(ops[h], view, gamma, bf);
+    splits.push_back(std::move(bf));
+
+    // Log-sum-exp merge (base 2): lse_s = m_s + log2(l_s / c).
+    double big = -std::numeric_limits<double>::infinity();
+    std::vector<double> lse2(splits.size(), big);
+    for (size_t s = 0; s < splits.size(); ++s) {
+      if (splits[s].l > 0.0) lse2[s] = double(splits[s].m) + std::log2(splits[s].l) - splits[s].log2c;
+      big = std::max(big, lse2[s]);
+    }
+    double wsum = 0.0;
+    std::vector<double> o(d, 0.0);
+    for (size_t s = 0; s < splits.size(); ++s) {
+      if (splits[s].l <= 0.0) continue;
+      const double w = std::exp2(lse2[s] - big);
+      wsum += w;
+      for (int c = 0; c < d; ++c) o[c] += w * splits[s].o[c] / splits[s].l;
+    }
+    for (int c = 0; c < d; ++c) res.out[size_t(h) * d + c] = float(o[c] / wsum);
+    double shift = 0.0;  // q.mu_k / sqrt(d), removed from every logit by smoothing
+    if (r.smooth_keys && view.mu_k) {
+      for (int c = 0; c < d; ++c)
+        shift += double(is_finite(q[size_t(h) * d + c]) ? q[size_t(h) * d + c] : 0.0f) * double(view.mu_k[c]);
+      shift /= std::sqrt(double(d));
+    }
+    res.lse[h] = float((big + std::log2(wsum)) * 0.69314718055994531 + shift);
+  }
+  return res;
+}
+
+HeadSequence::HeadSequence(const float* k, const float* v, int n, int d, const Recipe& r, const float* mu_k)
+    : n_(n), d_(d), recipe_(r) {
+  require(n >= 0, "negative sequence length");
+  check_head_dim(d, r);
+  k_t_.resize(size_t(n) * d);
+  v_.assign(v, v + size_t(n) * d);
+  for (int t = 0; t < n; ++t)
+    transform_key(k + size_t(t) * d, mu_k, d, r.smooth_keys, r.rotate_keys, &k_t_[size_t(t) * d]);
+  if (r.smooth_keys && mu_k) mu_.assign(mu_k, mu_k + d);
+  const bool exact = r.kv == KvFormat::fp32;
+  k_bf16_.resize(k_t_.size());
+  v_bf16_.resize(v_.size());
+  for (size_t i = 0; i < k_t_.size(); ++i) {
+    // Non-finite values are stored as 0 in the BF16 slot too.
+    const float kx = is_finite(k_t_[i]) ? k_t_[i] : 0.0f, vx = is_finite(v_[i]) ? v_[i] : 0.0f;
+    if (!is_finite(k_t_[i]) || !is_finite(v_[i])) ++nonfinite_;
+    k_bf16_[i] = exact ? kx : round_bf16(kx);
+    v_bf16_[i] = exact ? vx : round_bf16(vx);
+  }
+  if (r.fp4() || r.kv == KvFormat::fp8) {
+    nonfinite_ = 0;  // counted by the page quantizer instead
+    for (int p = 0; p < n / P; ++p)
+      pages_.push_back(quantize_page(&k_t_[size_t(p) * P * d], &v_[size_t(p) * P * d], P, d, r, &nonfinite_));
+  }
+}
+
+void HeadSequence::view(int n_tokens, View& out) const {
+  require(n_tokens >= 1 && n_tokens <= n_, "decode view of " + std::to_string(n_tokens) +
+                                               " tokens outside the sequence of " + std::to_string(n_));
+  const bool quantized = recipe_.fp4() || recipe_.kv == KvFormat::fp8;
+  const DecodeLayout L = decode_layout(n_tokens, quantized, recipe_.bf16_sink_recent);
+  out.view = HeadCacheView{};
+  out.view.d = d_;
+  out.view.layout = L;
+  out.view.mu_k = mu_.empty() ? nullptr : mu_.data();
+  for (int p = 0; p < L.quant_pages; ++p) {
+    if (p == L.quant_pages - 1 && L.last_page_tokens < P) {
+      out.partial = quantize_page(&k_t_[size_t(p) * P * d_], &v_[size_t(p) * P * d_], L.last_page_tokens, d_, recipe_);
+      out.view.pages.push_back(&out.partial);
+    } else {
+      out.view.pages.push_back(&pages_[p]);
+    }
+  }
+  out.bf16_k.clear();
+  out.bf16_v.clear();
+  auto gather = [&](int b, int e) {
+    out.bf16_k.insert(out.bf16_k.end(), k_bf16_.begin() + size_t(b) * d_, k_bf16_.begin() + size_t(e) * d_);
+    out.bf16_v.insert(out.bf16_v.end(), v_bf16_.begin() + size_t(b) * d_, v_bf16_.begin() + size_t(e) * d_);
+  };
+  gather(0, L.sink_tokens);
+  gather(L.recent_begin, L.recent_end);
+  out.view.bf16_k = out.bf16_k.data();
+  out.view.bf16_v = out.bf16_v.data();
+}
+
+AttentionOutput decode_attention(const float* q, int G, const float* k, const float* v, int n, int d,
+                                 const Recipe& recipe, const float* mu_k, const SplitBounds& bounds,
+                                 PBlockStats* stats) {
+  require(n >= 1, "empty sequence: decode attention needs at least one token");
+  HeadSequence seq(k, v, n, d, recipe, mu_k);
+  HeadSequence::View v_;
+  seq.view(n, v_);
+  return quantized_attention(q, G, v_.view, recipe, bounds, stats);
+}
+
+std::vector<float> effective_query(const float* q, int G, int d, const Recipe& r) {
+  check_head_dim(d, r);
+  const auto ops = make_query_operands(q, G, d, r);
+  std::vector<float> out(size_t(G) * d);
+  for (int h = 0; h < G; ++h) {
+    for (int c = 0; c < d; ++c) {
+      float x;
+      if (ops[h].terms.empty()) {
+        x = ops[h].full[c];
+      } else {
+        x = ops[h].terms[0].dequant[c];
+        for (size_t t = 1; t < ops[h].terms.size(); ++t) x = add_rn(x, ops[h].terms[t].dequant[c]);
+        if (!ops[h].qbar.empty()) x = add_rn(x, ops[h].qbar[c]);
+      }
+      out[size_t(h) * d + c] = x;
+    }
+  }
+  return out;
+}
+
+}  // namespace fp4kv::ref

@@ -1,0 +1,13 @@
+// Subcommands of the fp4kv CLI: each file registers its options and its action.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace fp4kv::cli {
+
+// Adds the subcommand to `app`; the returned action runs it and gives the exit code.
+using Action = std::function<int()>;
+Action add_quantize(CLI::App& app);
+
+}  // namespace fp4kv::cli
