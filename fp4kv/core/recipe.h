@@ -21,7 +21,7 @@ enum class KvFormat {
 
 // How the query enters Q.K.
 enum class QueryFormat {
-  full,        // FP16 (BF16 for MXFP4 caches, see docs/DESIGN.md); exact float for fp32/bf16
+  full,        // FP16 against quantized pages; exact float against BF16 tokens
   fp4,         // one microscaling FP4 vector, standard rule
   dual_fp4,    // dual-residual: q1 = Q(q), q2 = Q(q - q1)
   smooth_fp4,  // comparison variant (paper appendix D): FP4(q - mean over the GQA group)
@@ -29,7 +29,7 @@ enum class QueryFormat {
 
 // How the probabilities enter P.V.
 enum class ProbFormat {
-  full,             // FP16 (BF16 for MXFP4 caches); exact float for fp32/bf16
+  full,             // FP16 on quantized pages; exact float on BF16 tokens
   fp4_max6,         // standard max/6 block scale
   fp4_underflow,    // underflow-aware: c folded into exp2, kappa 2 below tau, else 6
   fp4_two_level,    // comparison variant (SageAttention3): per-tile FP32 scale to 448*6, then max/6

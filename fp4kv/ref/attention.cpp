@@ -20,9 +20,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 float gamma_of(int d) { return float(1.4426950408889634 / std::sqrt(double(d))); }
 
-// The 16-bit operand type of mixed mode: FP16, or BF16 with MXFP4 caches (E8M0 scales do
-// not fit FP16's range, so MXFP4 expands to BF16; see docs/DESIGN.md).
-float round_operand(float x, KvFormat f) { return f == KvFormat::mxfp4 ? round_bf16(x) : round_fp16(x); }
+// The 16-bit operand type of mixed mode: FP16 for every format (MXFP4 pages expand to FP16
+// after a power-of-two shift per page; see docs/DESIGN.md).
+float round_operand(float x) { return round_fp16(x); }
 
 float exp2f_ref(float x) { return float(std::exp2(double(x))); }
 
@@ -101,7 +101,7 @@ std::vector<QueryOperand> make_query_operands(const float* q, int G, int d, cons
       case QueryFormat::full: {
         Fp4Term t;
         t.expanded.resize(d);
-        for (int i = 0; i < d; ++i) t.expanded[i] = round_operand(op.full[i], r.kv);
+        for (int i = 0; i < d; ++i) t.expanded[i] = round_operand(op.full[i]);
         t.dequant = t.expanded;
         op.terms.push_back(std::move(t));
         break;
@@ -183,7 +183,7 @@ void process_page(const QueryOperand& op, const QuantPage& page, int first, int 
 
   float pv_factor = 1.0f;  // two-level scaling multiplies its P.V partial back
   if (r.prob == ProbFormat::full) {
-    for (int i = first; i < end; ++i) pq[i] = round_operand(p[i], r.kv);
+    for (int i = first; i < end; ++i) pq[i] = round_operand(p[i]);
   } else if (r.kv == KvFormat::nvfp4) {
     float boost = 1.0f;
     if (r.prob == ProbFormat::fp4_two_level) {
