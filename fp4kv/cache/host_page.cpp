@@ -1,0 +1,117 @@
+#include "fp4kv/cache/host_page.h"
+
+#include <cstring>
+
+#include "fp4kv/core/error.h"
+#include "fp4kv/core/half.h"
+#include "fp4kv/core/minifloat.h"
+
+namespace fp4kv::cache {
+
+float mxfp4_page_scale(const uint8_t* scale_codes, int n) {
+  int emax = -127;
+  for (int i = 0; i < n; ++i) emax = std::max(emax, int(scale_codes[i]) - kE8M0Bias);
+  return pow2f(std::max(emax - 15, -149));
+}
+
+namespace {
+
+void set_nibble(uint8_t* base, NibbleAddress a, uint8_t code) {
+  uint8_t& b = base[a.byte];
+  b = a.nibble ? uint8_t((b & 0x0F) | ((code & 0xF) << 4)) : uint8_t((b & 0xF0) | (code & 0xF));
+}
+uint8_t get_nibble(const uint8_t* base, NibbleAddress a) { return uint8_t((base[a.byte] >> (4 * a.nibble)) & 0xF); }
+
+}  // namespace
+
+void pack_page(const ref::QuantPage& p, const PageLayout& l, uint8_t* out) {
+  require(p.format == l.format && p.d == l.head_dim, "pack_page: page and layout disagree on format or head_dim");
+  std::memset(out, 0, size_t(l.bytes));
+  const int d = l.head_dim;
+  float scales[2] = {p.k_g, p.v_g};
+  if (l.format == KvFormat::fp8) {
+    for (int t = 0; t < kPage; ++t)
+      for (int c = 0; c < d; ++c) {
+        out[k_fp8_offset(l, t, c)] = p.k_codes[t * d + c];
+        out[v_fp8_offset(l, t, c)] = p.v_codes[c * kPage + t];
+      }
+  } else {
+    const int b = l.block;
+    for (int t = 0; t < kPage; ++t)
+      for (int c = 0; c < d; ++c) {
+        set_nibble(out, k_code_address(l, t, c), p.k_codes[t * d + c]);
+        set_nibble(out, v_code_address(l, t, c), p.v_codes[c * kPage + t]);
+        if (c % b == 0) out[k_scale_offset(l, t, c)] = p.k_scales[t * (d / b) + c / b];
+        if (t % b == 0) out[v_scale_offset(l, t, c)] = p.v_scales[c * (kPage / b) + t / b];
+      }
+    if (l.format == KvFormat::mxfp4) {
+      scales[0] = mxfp4_page_scale(p.k_scales.data(), int(p.k_scales.size()));
+      scales[1] = mxfp4_page_scale(p.v_scales.data(), int(p.v_scales.size()));
+    }
+  }
+  std::memcpy(out + l.page_scales, scales, sizeof scales);
+}
+
+ref::QuantPage unpack_page(const uint8_t* in, const PageLayout& l, int tokens) {
+  require(l.format == KvFormat::nvfp4 || l.format == KvFormat::mxfp4 || l.format == KvFormat::fp8,
+          "unpack_page: not a quantized layout");
+  ref::QuantPage p;
+  p.format = l.format;
+  p.d = l.head_dim;
+  p.tokens = tokens;
+  const int d = l.head_dim;
+  p.k_codes.assign(size_t(kPage) * d, 0);
+  p.v_codes.assign(size_t(kPage) * d, 0);
+  float scales[2];
+  std::memcpy(scales, in + l.page_scales, sizeof scales);
+  if (l.format == KvFormat::fp8) {
+    for (int t = 0; t < kPage; ++t)
+      for (int c = 0; c < d; ++c) {
+        p.k_codes[t * d + c] = in[k_fp8_offset(l, t, c)];
+        p.v_codes[c * kPage + t] = in[v_fp8_offset(l, t, c)];
+      }
+    p.k_g = scales[0];
+    p.v_g = scales[1];
+    return p;
+  }
+  const int b = l.block;
+  p.k_scales.assign(size_t(kPage) * (d / b), 0);
+  p.v_scales.assign(size_t(d) * (kPage / b), 0);
+  for (int t = 0; t < kPage; ++t)
+    for (int c = 0; c < d; ++c) {
+      p.k_codes[t * d + c] = get_nibble(in, k_code_address(l, t, c));
+      p.v_codes[c * kPage + t] = get_nibble(in, v_code_address(l, t, c));
+      if (c % b == 0) p.k_scales[t * (d / b) + c / b] = in[k_scale_offset(l, t, c)];
+      if (t % b == 0) p.v_scales[c * (kPage / b) + t / b] = in[v_scale_offset(l, t, c)];
+    }
+  // The logical page has g = 1 for MXFP4 (the page scale is a layout detail).
+  p.k_g = l.format == KvFormat::nvfp4 ? scales[0] : 1.0f;
+  p.v_g = l.format == KvFormat::nvfp4 ? scales[1] : 1.0f;
+  return p;
+}
+
+void pack_bf16_page(const float* k, const float* v, int tokens, const PageLayout& l, uint8_t* out) {
+  require(l.format == KvFormat::bf16, "pack_bf16_page: not a BF16 layout");
+  std::memset(out, 0, size_t(l.bytes));
+  const int d = l.head_dim;
+  for (int t = 0; t < tokens; ++t)
+    for (int c = 0; c < d; ++c) {
+      const uint16_t kb = float_to_bf16_bits(k[t * d + c]), vb = float_to_bf16_bits(v[t * d + c]);
+      std::memcpy(out + bf16_k_offset(l, t, c), &kb, 2);
+      std::memcpy(out + bf16_v_offset(l, t, c), &vb, 2);
+    }
+}
+
+void unpack_bf16_page(const uint8_t* in, const PageLayout& l, float* k, float* v) {
+  const int d = l.head_dim;
+  for (int t = 0; t < kPage; ++t)
+    for (int c = 0; c < d; ++c) {
+      uint16_t kb, vb;
+      std::memcpy(&kb, in + bf16_k_offset(l, t, c), 2);
+      std::memcpy(&vb, in + bf16_v_offset(l, t, c), 2);
+      k[t * d + c] = bf16_bits_to_float(kb);
+      v[t * d + c] = bf16_bits_to_float(vb);
+    }
+}
+
+}  // namespace fp4kv::cache
