@@ -9,5 +9,7 @@ namespace fp4kv::cli {
 // Adds the subcommand to `app`; the returned action runs it and gives the exit code.
 using Action = std::function<int()>;
 Action add_quantize(CLI::App& app);
+Action add_eval(CLI::App& app);
+Action add_calibrate(CLI::App& app);
 
 }  // namespace fp4kv::cli

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
     fp4kv::cli::Action action = adder(app);
     commands.emplace_back(app.get_subcommands({})[before], std::move(action));
   };
+  add(fp4kv::cli::add_eval);
+  add(fp4kv::cli::add_calibrate);
   add(fp4kv::cli::add_quantize);
   try {
     app.parse(argc, argv);

@@ -157,6 +157,63 @@ void log_hist(PBlockStats& s, float pmax) {
   s.pmax_log2_hist[bin]++;
 }
 
+}  // namespace
+
+float quantize_tile_probs(const float* p, const Recipe& r, float* pq, PBlockStats* stats) {
+  const bool c_folded = r.prob == ProbFormat::fp4_underflow;
+  float pv_factor = 1.0f;  // two-level scaling multiplies its P.V partial back
+  if (r.prob == ProbFormat::full) {
+    for (int i = 0; i < P; ++i) pq[i] = round_operand(p[i]);
+  } else if (r.kv == KvFormat::nvfp4) {
+    float boost = 1.0f;
+    if (r.prob == ProbFormat::fp4_two_level) {
+      float amax = 0.0f;
+      for (int i = 0; i < P; ++i) amax = std::max(amax, p[i]);
+      if (amax > 0.0f) {
+        boost = div_rn(kNvfp4GlobalDivisor, amax);  // tile max -> 448 * 6
+        pv_factor = div_rn(amax, kNvfp4GlobalDivisor);
+      }
+    }
+    for (int b = 0; b < P; b += kNvfp4Block) {
+      float x[kNvfp4Block], pmax = 0.0f;
+      for (int i = 0; i < kNvfp4Block; ++i) {
+        x[i] = r.prob == ProbFormat::fp4_two_level ? mul_rn(p[b + i], boost) : p[b + i];
+        pmax = std::max(pmax, x[i]);
+      }
+      for (int i = 0; i < kNvfp4Block; ++i) pq[b + i] = 0.0f;
+      if (pmax == 0.0f) continue;  // nothing attended in this block
+      const uint8_t sc = nvfp4_prob_scale(pmax, r.prob == ProbFormat::fp4_underflow, r.tau);
+      const float sv = e4m3_value(sc);
+      for (int i = 0; i < kNvfp4Block; ++i) pq[b + i] = mul_rn(e2m1_value(nvfp4_prob_code(x[i], sv)), sv);
+      if (stats) {
+        stats->blocks++;
+        if (sv == 0.0f) stats->zero_scale_blocks++;
+        // Histogram of max(p_b) itself, without c or the two-level boost.
+        const float unscaled = r.prob == ProbFormat::fp4_two_level ? div_rn(pmax, boost)
+                               : c_folded                          ? div_rn(pmax, r.c)
+                                                                   : pmax;
+        log_hist(*stats, unscaled);
+      }
+    }
+  } else {  // MXFP4 probabilities
+    for (int b = 0; b < P; b += kMxfp4Block) {
+      float pmax = 0.0f;
+      for (int i = 0; i < kMxfp4Block; ++i) pmax = std::max(pmax, p[b + i]);
+      for (int i = 0; i < kMxfp4Block; ++i) pq[b + i] = 0.0f;
+      if (pmax == 0.0f) continue;
+      const uint8_t sc = mxfp4_prob_scale(pmax);
+      for (int i = 0; i < kMxfp4Block; ++i) pq[b + i] = mul_rn(e2m1_value(mxfp4_prob_code(p[b + i], sc)), e8m0_value(sc));
+      if (stats) {
+        stats->blocks++;
+        log_hist(*stats, c_folded ? div_rn(pmax, r.c) : pmax);
+      }
+    }
+  }
+  return pv_factor;
+}
+
+namespace {
+
 // One tile (= one quantized page) of Algorithm 1 for one head.
 void process_page(const QueryOperand& op, const QuantPage& page, int first, int end, const Recipe& r, float gamma,
                   SplitState& st, PBlockStats* stats) {
@@ -181,51 +238,7 @@ void process_page(const QueryOperand& op, const QuantPage& page, int first, int 
   }
   st.l = st.l * alpha + psum;
 
-  float pv_factor = 1.0f;  // two-level scaling multiplies its P.V partial back
-  if (r.prob == ProbFormat::full) {
-    for (int i = first; i < end; ++i) pq[i] = round_operand(p[i]);
-  } else if (r.kv == KvFormat::nvfp4) {
-    float boost = 1.0f;
-    if (r.prob == ProbFormat::fp4_two_level) {
-      float amax = 0.0f;
-      for (int i = first; i < end; ++i) amax = std::max(amax, p[i]);
-      boost = div_rn(kNvfp4GlobalDivisor, amax);  // tile max -> 448 * 6
-      pv_factor = div_rn(amax, kNvfp4GlobalDivisor);
-    }
-    for (int b = 0; b < P; b += kNvfp4Block) {
-      float x[kNvfp4Block], pmax = 0.0f;
-      for (int i = 0; i < kNvfp4Block; ++i) {
-        x[i] = r.prob == ProbFormat::fp4_two_level ? mul_rn(p[b + i], boost) : p[b + i];
-        pmax = std::max(pmax, x[i]);
-      }
-      if (pmax == 0.0f) continue;  // nothing attended in this block
-      const uint8_t sc = nvfp4_prob_scale(pmax, r.prob == ProbFormat::fp4_underflow, r.tau);
-      const float sv = e4m3_value(sc);
-      for (int i = 0; i < kNvfp4Block; ++i) pq[b + i] = mul_rn(e2m1_value(nvfp4_prob_code(x[i], sv)), sv);
-      if (stats) {
-        stats->blocks++;
-        if (sv == 0.0f) stats->zero_scale_blocks++;
-        // Histogram of max(p_b) itself, without c or the two-level boost.
-        const float unscaled = r.prob == ProbFormat::fp4_two_level ? div_rn(pmax, boost)
-                               : st.log2c > 0                      ? div_rn(pmax, r.c)
-                                                                   : pmax;
-        log_hist(*stats, unscaled);
-      }
-    }
-  } else {  // MXFP4 probabilities
-    for (int b = 0; b < P; b += kMxfp4Block) {
-      float pmax = 0.0f;
-      for (int i = 0; i < kMxfp4Block; ++i) pmax = std::max(pmax, p[b + i]);
-      if (pmax == 0.0f) continue;
-      const uint8_t sc = mxfp4_prob_scale(pmax);
-      for (int i = 0; i < kMxfp4Block; ++i) pq[b + i] = mul_rn(e2m1_value(mxfp4_prob_code(p[b + i], sc)), e8m0_value(sc));
-      if (stats) {
-        stats->blocks++;
-        log_hist(*stats, st.log2c > 0 ? div_rn(pmax, r.c) : pmax);
-      }
-    }
-  }
-
+  const float pv_factor = quantize_tile_probs(p.data(), r, pq.data(), stats);
   for (int c = 0; c < d; ++c) {
     double pv = 0.0;
     for (int i = first; i < end; ++i) pv += double(pq[i]) * double(page.v_expanded(i, c));

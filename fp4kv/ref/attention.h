@@ -45,6 +45,11 @@ struct PBlockStats {
   std::vector<long> pmax_log2_hist = std::vector<long>(41, 0);  // max(p_b) in [2^-(i+1), 2^-i), i < 40; last: below
 };
 
+// Quantizes one tile's probabilities (128 keys of one head, masked keys 0) as the P.V
+// product sees them (FP16 in mixed mode; FP4 blocks in native mode, dequantized), and
+// returns the factor the tile's P.V partial is multiplied by (two-level scaling, else 1).
+float quantize_tile_probs(const float* p, const Recipe& recipe, float* pq, PBlockStats* stats = nullptr);
+
 // Quantized decode attention (Algorithm 1). q: [G][d] post-RoPE queries (not transformed:
 // the recipe's rotation is applied here). Tiles are pages in order; each split keeps its
 // own running maximum, and splits are merged by log-sum-exp.
@@ -72,6 +77,9 @@ class HeadSequence {
   const Recipe& recipe() const { return recipe_; }
   const std::vector<float>& transformed_keys() const { return k_t_; }
   const std::vector<float>& values() const { return v_; }
+  const std::vector<float>& bf16_keys() const { return k_bf16_; }    // as stored in the BF16 slot
+  const std::vector<float>& bf16_values() const { return v_bf16_; }
+  const float* mu_k() const { return mu_.empty() ? nullptr : mu_.data(); }
   const std::vector<QuantPage>& pages() const { return pages_; }
   long nonfinite() const { return nonfinite_; }
 

@@ -1,0 +1,193 @@
+#include "fp4kv/eval/calibration.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "fp4kv/core/block_quant.h"
+#include "fp4kv/core/error.h"
+#include "fp4kv/core/minifloat.h"
+#include "fp4kv/core/operand_quant.h"
+#include "fp4kv/core/recipe.h"
+#include "fp4kv/model/byte_tokenizer.h"
+
+namespace fp4kv::eval {
+
+using nlohmann::json;
+
+void Calibration::save(const std::string& path) const {
+  json j;
+  j["format"] = "fp4kv-calibration";
+  j["version"] = 1;
+  j["model"] = model;
+  j["layers"] = layers;
+  j["kv_heads"] = kv_heads;
+  j["head_dim"] = head_dim;
+  j["context"] = context;
+  j["tau"] = tau;
+  j["tau_code"] = tau_code;
+  j["seconds"] = seconds;
+  j["mu_k"] = mu_k;  // flat [layers][kv_heads][head_dim]
+  std::ofstream out(path);
+  require(bool(out), "cannot write calibration file '" + path + "'");
+  out << j.dump(1) << "\n";
+  require(bool(out), "writing calibration file '" + path + "' failed");
+}
+
+Calibration Calibration::load(const std::string& path, const model::Qwen3Config& config) {
+  std::ifstream in(path);
+  require(bool(in), "cannot read calibration file '" + path + "'");
+  Calibration c;
+  try {
+    const json j = json::parse(in);
+    require(j.value("format", "") == "fp4kv-calibration", "'" + path + "' is not an fp4kv calibration file");
+    c.model = j.at("model").get<std::string>();
+    c.layers = j.at("layers");
+    c.kv_heads = j.at("kv_heads");
+    c.head_dim = j.at("head_dim");
+    c.context = j.at("context");
+    c.tau = j.at("tau");
+    c.tau_code = j.at("tau_code");
+    c.seconds = j.value("seconds", 0.0);
+    c.mu_k = j.at("mu_k").get<std::vector<float>>();
+  } catch (const json::exception& e) {
+    throw Error("calibration file '" + path + "' is malformed: " + e.what());
+  }
+  require(c.layers == config.num_hidden_layers && c.kv_heads == config.num_key_value_heads &&
+              c.head_dim == config.head_dim,
+          "calibration file '" + path + "' was made for another model shape (" + std::to_string(c.layers) + " layers, " +
+              std::to_string(c.kv_heads) + " KV heads, head_dim " + std::to_string(c.head_dim) + ")");
+  require(c.mu_k.size() == size_t(c.layers) * c.kv_heads * c.head_dim,
+          "calibration file '" + path + "' has " + std::to_string(c.mu_k.size()) + " mu_k values");
+  require(std::isfinite(c.tau) && c.tau > 0, "calibration file '" + path + "' has an invalid tau");
+  return c;
+}
+
+float tau_of_code(int code) { return 0.5f * (e4m3_value(uint8_t(code)) + e4m3_value(uint8_t(code + 1))); }
+
+namespace {
+
+constexpr int kCodes = 126;  // candidate codes 0..125 (tau between values of k and k+1)
+
+// Squared error of quantizing one block of c*p values with rule kappa (NVFP4, g = 1).
+double prob_block_error(const float* x, float pmax, float kappa) {
+  const uint8_t s = nvfp4_block_scale(pmax, kappa, 1.0f);
+  const float sv = e4m3_value(s);
+  double err = 0;
+  for (int i = 0; i < kNvfp4Block; ++i) {
+    const double v = double(e2m1_value(nvfp4_prob_code(x[i], sv))) * sv - x[i];
+    err += v * v;
+  }
+  return err;
+}
+
+}  // namespace
+
+void accumulate_tau_errors(const float* q, int G, int nq, const float* k, int n, int d, float c,
+                           std::vector<double>& err_by_code) {
+  err_by_code.resize(kCodes, 0.0);
+  std::vector<double> diff(kCodes + 1, 0.0);
+  double base = 0.0;
+  const float gamma = float(1.4426950408889634 / std::sqrt(double(d)));
+  std::vector<float> s(n), x(kNvfp4Block), taus(kCodes);
+  for (int code = 0; code < kCodes; ++code) taus[code] = tau_of_code(code);
+  for (int h = 0; h < G; ++h) {
+    for (int i = 0; i < nq; ++i) {
+      const int pos = n - nq + i;
+      const int pages = pos / kPageTokens;  // quantized pages a decode step at pos attends to
+      if (pages == 0) continue;
+      const float* qi = q + (size_t(h) * nq + i) * d;
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, pages * kPageTokens, d, gamma, k, d, qi, 1, 0.0f, s.data(), 1);
+      float m = -INFINITY;
+      for (int pg = 0; pg < pages; ++pg) {
+        const int first = pg == 0 ? kSinkTokens : 0;  // the sink is BF16
+        for (int t = first; t < kPageTokens; ++t) m = std::max(m, s[pg * kPageTokens + t]);
+        for (int b = 0; b < kPageTokens; b += kNvfp4Block) {
+          float pmax = 0.0f;
+          for (int t = 0; t < kNvfp4Block; ++t) {
+            const int key = pg * kPageTokens + b + t;
+            x[t] = (b + t < first) ? 0.0f : c * std::exp2f(s[key] - m);
+            pmax = std::max(pmax, x[t]);
+          }
+          if (pmax == 0.0f) continue;
+          const double e6 = prob_block_error(x.data(), pmax, 6.0f), e2 = prob_block_error(x.data(), pmax, 2.0f);
+          base += e6;
+          // Codes whose tau >= pmax switch this block to kappa 2.
+          const int lo = int(std::lower_bound(taus.begin(), taus.end(), pmax) - taus.begin());
+          diff[lo] += e2 - e6;
+        }
+      }
+    }
+  }
+  double run = 0.0;
+  for (int code = 0; code < kCodes; ++code) {
+    run += diff[code];
+    err_by_code[code] += base + run;
+  }
+}
+
+Calibration calibrate(const model::Qwen3Model& model, const std::string& model_name, const CalibrationOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const model::Qwen3Config& cfg = model.config();
+  require(opt.calib_text.size() >= size_t(opt.prompts) * (opt.prompt_bytes + 1),
+          "calibration text is too short for " + std::to_string(opt.prompts) + " prompts");
+  require(opt.context >= 2 * kPageTokens, "calibration context must be at least 256 tokens");
+
+  // Eight seed prompts spread over the calibration text, each continued greedily.
+  std::vector<int> joined;
+  for (int p = 0; p < opt.prompts; ++p) {
+    size_t off = opt.calib_text.size() * size_t(p) / size_t(opt.prompts);
+    const size_t nl = opt.calib_text.find('\n', off);
+    if (nl != std::string::npos && nl + 1 + opt.prompt_bytes <= opt.calib_text.size()) off = nl + 1;
+    off = std::min(off, opt.calib_text.size() - opt.prompt_bytes);
+    const std::string prompt = opt.calib_text.substr(off, opt.prompt_bytes);
+    std::vector<int> ids = model::encode_bytes(prompt, true);
+    const std::vector<int> cont = model.generate_greedy(ids, opt.continuation, true);
+    joined.insert(joined.end(), ids.begin() + 1, ids.end());
+    for (int t : cont)
+      if (t < 256) joined.push_back(t);
+  }
+  // Tile the text to fill the window, then one prefill capturing every layer's Q and K.
+  std::vector<int> tokens = {cfg.bos_token_id >= 0 ? cfg.bos_token_id : model::kByteBos};
+  while (int(tokens.size()) < opt.context) tokens.push_back(joined[(tokens.size() - 1) % joined.size()]);
+  model::Capture cap;
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) cap.layers.push_back(l);
+  model.forward(tokens, &cap);
+
+  Calibration c;
+  c.model = model_name;
+  c.layers = cfg.num_hidden_layers;
+  c.kv_heads = cfg.num_key_value_heads;
+  c.head_dim = cfg.head_dim;
+  c.context = opt.context;
+  const int L = opt.context, d = cfg.head_dim, G = cfg.group_size();
+  c.mu_k.assign(size_t(c.layers) * c.kv_heads * d, 0.0f);
+  std::vector<double> err_by_code;
+  const int nq = std::min(opt.tau_queries, L / 2);
+  std::vector<float> qsel(size_t(G) * nq * d);
+  for (int l = 0; l < c.layers; ++l) {
+    const std::vector<float>& k = cap.k_rope.at(l);
+    const std::vector<float>& q = cap.q_rope.at(l);
+    for (int g = 0; g < c.kv_heads; ++g) {
+      std::vector<double> sum(d, 0.0);
+      for (int t = 0; t < L; ++t)
+        for (int i = 0; i < d; ++i) sum[i] += k[(size_t(g) * L + t) * d + i];
+      for (int i = 0; i < d; ++i) c.mu_k[(size_t(l) * c.kv_heads + g) * d + i] = float(sum[i] / L);
+      // Decode queries: the last nq positions of the window (every one sees ~L/128 pages).
+      for (int h = 0; h < G; ++h)
+        for (int i = 0; i < nq; ++i)
+          std::copy_n(&q[(size_t(g * G + h) * L + (L - nq + i)) * d], d, &qsel[(size_t(h) * nq + i) * d]);
+      accumulate_tau_errors(qsel.data(), G, nq, &k[size_t(g) * L * d], L, d, 8.0f, err_by_code);
+    }
+  }
+  c.tau_code = int(std::min_element(err_by_code.begin(), err_by_code.end()) - err_by_code.begin());
+  c.tau = tau_of_code(c.tau_code);
+  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return c;
+}
+
+}  // namespace fp4kv::eval

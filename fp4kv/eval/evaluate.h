@@ -1,0 +1,56 @@
+// `fp4kv eval`: accuracy of KV-cache recipes on a real model, measured as the paper does
+// (teacher-forced KL against the bf16 reference, top-1 mismatch, paired t) plus pass-key
+// retrieval accuracy.
+#pragma once
+
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "fp4kv/core/recipe.h"
+
+namespace fp4kv::eval {
+
+struct EvalOptions {
+  std::string model_dir;
+  std::string text_path = "data/eval.txt";         // held-out text for the KL windows and retrieval filler
+  std::string calib_text_path = "data/calib.txt";  // used only when calibration must be computed
+  std::string calibration_path;                    // explicit calibration file (else beside the model, else computed)
+  int context = 1024;
+  int windows = 4;
+  std::vector<Recipe> configs;
+  std::string reference = "bf16";
+  std::string baseline = "nvfp4-native";
+  int retrieval_docs = 4;  // 0: no retrieval
+  int retrieval_context = 1024;
+  unsigned seed = 1;
+  bool progress = true;  // a progress line on stderr
+};
+
+struct ConfigResult {
+  std::string name;
+  double kl_1e3 = 0.0;
+  double top1_mismatch_pct = 0.0;
+  double t_vs_baseline = 0.0;
+  std::optional<double> retrieval_acc;
+  std::vector<double> window_kl;  // nats, one per window
+};
+
+struct EvalReport {
+  std::string model;
+  int context = 0, windows = 0, retrieval_docs = 0, retrieval_context = 0;
+  std::string reference, baseline, text, calibration;  // calibration: where mu_k/tau came from
+  std::vector<ConfigResult> configs;
+  double seconds = 0.0;
+
+  std::string table() const;  // the stdout table
+  std::string json() const;   // {"model":..., "context":N, "windows":W, "configs": {NAME: {...}}}
+};
+
+EvalReport evaluate(const EvalOptions& options, std::ostream& log);
+
+// Reads a text file; clear error when it is missing or empty.
+std::string read_text_file(const std::string& path);
+
+}  // namespace fp4kv::eval
