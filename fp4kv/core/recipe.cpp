@@ -33,7 +33,7 @@ Recipe make(KvFormat kv, QueryFormat q, ProbFormat p, bool full_recipe) {
   r.kv = kv;
   r.query = q;
   r.prob = p;
-  r.smooth_keys = r.rotate_keys = r.key_search = r.bf16_sink_recent = full_recipe;
+  r.smooth_keys = r.rotate_keys = r.key_search = r.bf16_sink = full_recipe;
   return r;
 }
 
@@ -83,8 +83,11 @@ void apply_switch(Recipe& r, const std::string& sw, const std::string& preset) {
     needs(r.key_search, "key scale search");
     r.key_search = false;
   } else if (sw == "no-sink") {
-    needs(r.bf16_sink_recent, "BF16 sink and recent tokens");
-    r.bf16_sink_recent = false;
+    needs(r.bf16_sink, "BF16 sink");
+    r.bf16_sink = false;
+  } else if (sw == "no-recent") {
+    needs(r.bf16_recent && (r.fp4() || r.kv == KvFormat::fp8), "BF16 recent tokens");
+    r.bf16_recent = false;
   } else if (sw == "smoothq") {
     needs(r.native() && r.fp4(), "FP4 query");
     r.query = QueryFormat::smooth_fp4;
@@ -93,7 +96,7 @@ void apply_switch(Recipe& r, const std::string& sw, const std::string& preset) {
     r.prob = ProbFormat::fp4_two_level;
   } else {
     throw Error("unknown switch '" + sw +
-                "' (known: no-dualq, no-pscale, no-smooth, no-rotate, no-search, no-sink, smoothq, twolevel)");
+                "' (known: no-dualq, no-pscale, no-smooth, no-rotate, no-search, no-sink, no-recent, smoothq, twolevel)");
   }
 }
 

@@ -43,7 +43,9 @@ struct Recipe {
   bool smooth_keys = false;   // subtract the calibrated mu_k before caching
   bool rotate_keys = false;   // Hadamard on K (and Q)
   bool key_search = false;    // block-scale search for K
-  bool bf16_sink_recent = false;  // 16 sink tokens + the unfinished page stay BF16
+  bool bf16_sink = false;     // the first 16 tokens stay BF16 (their copy in page 0 is masked)
+  bool bf16_recent = true;    // the unfinished page stays BF16 until it is promoted; off: every
+                              // token is quantized on write (the open page re-quantized each step)
   float c = 8.0f;             // underflow-aware P: factor folded into exp2 (power of two)
   float tau = 21.0f / 1024.0f;  // underflow-aware P: kappa = 2 when c * max(p_b) <= tau
 
@@ -55,7 +57,7 @@ struct Recipe {
 };
 
 // A preset name optionally followed by ":switch,switch,...". Switches turn one part off:
-// no-dualq, no-pscale, no-smooth, no-rotate, no-search, no-sink; and two reference-only
+// no-dualq, no-pscale, no-smooth, no-rotate, no-search, no-sink, no-recent; and two reference-only
 // comparison variants: smoothq (smoothing-Q with the GQA mean instead of dual-residual Q)
 // and twolevel (SageAttention3 two-level P scaling). Throws Error on unknown names or a
 // switch that does not apply to the preset.

@@ -102,7 +102,7 @@ void window_attention(const float* q, int G, int nq, const float* k, const float
     const auto [i0, i1] = blocks[size_t(blocks.size()) - 1 - bi];  // largest first
     const int nb = i1 - i0, rows = G * nb;
     const int page = (first_pos + i0) / P;
-    const DecodeLayout Lfirst = decode_layout(first_pos + i0 + 1, quantized, r.bf16_sink_recent);
+    const DecodeLayout Lfirst = decode_layout(first_pos + i0 + 1, quantized, r.bf16_sink, r.bf16_recent);
     // Full quantized pages attended by every query of the block.
     const int np = quantized ? std::min(page, full) : 0;
     ref::PBlockStats local;
@@ -157,7 +157,7 @@ void window_attention(const float* q, int G, int nq, const float* k, const float
       gemm_ab(rows, d, nk, w.data(), vq.data(), o.data());
       for (int rr = 0; rr < rows; ++rr) std::copy_n(&o[size_t(rr) * d], d, qsplit[rr].o.data());
     }
-    if (quantized && !r.bf16_sink_recent) {
+    if (quantized && !r.bf16_recent) {
       // The open page, quantized as it stands at each query's step (last tile of the split).
       std::vector<float> kp(size_t(P) * d), vp(size_t(P) * d), pbuf(P), pq(P);
       for (int i = 0; i < nb; ++i) {
@@ -173,8 +173,9 @@ void window_attention(const float* q, int G, int nq, const float* k, const float
           const int rr = h * nb + i;
           Split& sp = qsplit[rr];
           float tmax = kNegInf;
-          std::vector<float> sv(len);
-          for (int t = 0; t < len; ++t) {
+          std::vector<float> sv(len, kNegInf);
+          const int first = page == 0 ? Lfirst.masked_prefix : 0;  // the sink's copy in page 0
+          for (int t = first; t < len; ++t) {
             double dot = 0;
             for (int c = 0; c < d; ++c) dot += double(qe[size_t(rr) * d + c]) * kp[size_t(t) * d + c];
             sv[t] = float(dot) * gamma;
@@ -185,7 +186,7 @@ void window_attention(const float* q, int G, int nq, const float* k, const float
           sp.m = m_new;
           double psum = 0;
           for (int t = 0; t < P; ++t) {
-            pbuf[t] = t < len ? std::exp2f((sv[t] - m_new) + log2c) : 0.0f;
+            pbuf[t] = t < len && t >= first ? std::exp2f((sv[t] - m_new) + log2c) : 0.0f;
             psum += pbuf[t];
           }
           sp.l = sp.l * alpha + psum;
@@ -200,14 +201,17 @@ void window_attention(const float* q, int G, int nq, const float* k, const float
     }
 
     // --- BF16 split: the sink and the unfinished page (everything for BF16/FP32 caches) ---
-    if (!quantized || r.bf16_sink_recent) {
-      const int last_pos = first_pos + i1 - 1;
-      const bool has_sink = quantized && page >= 1;
-      const int base = quantized && page >= 1 ? page * P : 0;  // first recent token
-      std::vector<int> keys;
-      if (has_sink)
-        for (int t = 0; t < kSinkTokens; ++t) keys.push_back(t);
-      for (int t = base; t <= last_pos; ++t) keys.push_back(t);
+    const int last_pos = first_pos + i1 - 1;
+    std::vector<int> keys;  // BF16 tokens attended by some query of the block
+    if (!quantized || (r.bf16_recent && page == 0)) {
+      for (int t = 0; t <= last_pos; ++t) keys.push_back(t);  // nothing promoted yet
+    } else {
+      if (r.bf16_sink)
+        for (int t = 0; t < kSinkTokens && t <= last_pos; ++t) keys.push_back(t);
+      if (r.bf16_recent)
+        for (int t = page * P; t <= last_pos; ++t) keys.push_back(t);
+    }
+    if (!keys.empty()) {
       const int nk = int(keys.size());
       std::vector<float> kg(size_t(nk) * d), vg(size_t(nk) * d), s(size_t(rows) * nk), pm(size_t(rows) * nk);
       for (int j = 0; j < nk; ++j) {

@@ -393,7 +393,7 @@ void HeadSequence::view(int n_tokens, View& out) const {
   require(n_tokens >= 1 && n_tokens <= n_, "decode view of " + std::to_string(n_tokens) +
                                                " tokens outside the sequence of " + std::to_string(n_));
   const bool quantized = recipe_.fp4() || recipe_.kv == KvFormat::fp8;
-  const DecodeLayout L = decode_layout(n_tokens, quantized, recipe_.bf16_sink_recent);
+  const DecodeLayout L = decode_layout(n_tokens, quantized, recipe_.bf16_sink, recipe_.bf16_recent);
   out.view = HeadCacheView{};
   out.view.d = d_;
   out.view.layout = L;

@@ -11,25 +11,27 @@ TEST(Recipe, PresetTable) {
   EXPECT_EQ(a.kv, KvFormat::nvfp4);
   EXPECT_EQ(a.query, QueryFormat::dual_fp4);
   EXPECT_EQ(a.prob, ProbFormat::fp4_underflow);
-  EXPECT_TRUE(a.smooth_keys && a.rotate_keys && a.key_search && a.bf16_sink_recent);
+  EXPECT_TRUE(a.smooth_keys && a.rotate_keys && a.key_search && a.bf16_sink && a.bf16_recent);
   EXPECT_TRUE(a.native());
 
   const Recipe b = parse_recipe("nvfp4");
   EXPECT_FALSE(b.native());
-  EXPECT_TRUE(b.smooth_keys && b.rotate_keys && b.key_search && b.bf16_sink_recent);
+  EXPECT_TRUE(b.smooth_keys && b.rotate_keys && b.key_search && b.bf16_sink && b.bf16_recent);
 
   const Recipe c = parse_recipe("nvfp4-vanilla-native");
   EXPECT_EQ(c.query, QueryFormat::fp4);
   EXPECT_EQ(c.prob, ProbFormat::fp4_max6);
-  EXPECT_FALSE(c.smooth_keys || c.rotate_keys || c.key_search || c.bf16_sink_recent);
+  EXPECT_FALSE(c.smooth_keys || c.rotate_keys || c.key_search || c.bf16_sink);
+  EXPECT_TRUE(c.bf16_recent);  // every preset keeps the unfinished page in BF16
 
   const Recipe v = parse_recipe("nvfp4-vanilla");
-  EXPECT_FALSE(v.native() || v.key_transform() || v.key_search || v.bf16_sink_recent);
+  EXPECT_FALSE(v.native() || v.key_transform() || v.key_search || v.bf16_sink);
 
   EXPECT_EQ(parse_recipe("mxfp4-native").kv, KvFormat::mxfp4);
   EXPECT_EQ(parse_recipe("mxfp4-native").block(), 32);
   EXPECT_EQ(parse_recipe("fp8").kv, KvFormat::fp8);
-  EXPECT_FALSE(parse_recipe("fp8").bf16_sink_recent);
+  EXPECT_FALSE(parse_recipe("fp8").bf16_sink);
+  EXPECT_TRUE(parse_recipe("fp8").bf16_recent);
   EXPECT_EQ(parse_recipe("bf16").kv, KvFormat::bf16);
   for (const auto& name : preset_names()) EXPECT_EQ(parse_recipe(name).name, name);
 }
@@ -39,8 +41,9 @@ TEST(Recipe, AblationSwitches) {
   EXPECT_EQ(r.query, QueryFormat::fp4);
   EXPECT_EQ(r.prob, ProbFormat::fp4_max6);
   EXPECT_EQ(r.name, "nvfp4-native:no-dualq,no-pscale");
-  const Recipe s = parse_recipe("nvfp4-native:no-smooth+no-rotate+no-search+no-sink");
-  EXPECT_FALSE(s.smooth_keys || s.rotate_keys || s.key_search || s.bf16_sink_recent);
+  const Recipe s = parse_recipe("nvfp4-native:no-smooth+no-rotate+no-search+no-sink+no-recent");
+  EXPECT_FALSE(s.smooth_keys || s.rotate_keys || s.key_search || s.bf16_sink || s.bf16_recent);
+  EXPECT_FALSE(parse_recipe("fp8:no-recent").bf16_recent);
   EXPECT_EQ(parse_recipe("nvfp4-native:smoothq").query, QueryFormat::smooth_fp4);
   EXPECT_EQ(parse_recipe("nvfp4-native:twolevel").prob, ProbFormat::fp4_two_level);
 }
@@ -65,6 +68,8 @@ TEST(Recipe, BadNamesAreClearErrors) {
   EXPECT_NE(message("nvfp4-native:no-magic").find("unknown switch 'no-magic'"), std::string::npos);
   EXPECT_NE(message("nvfp4:no-dualq").find("does not apply"), std::string::npos);
   EXPECT_NE(message("bf16:no-sink").find("does not apply"), std::string::npos);
+  EXPECT_NE(message("bf16:no-recent").find("does not apply"), std::string::npos);
+  EXPECT_NE(message("fp8:no-sink").find("does not apply"), std::string::npos);
   EXPECT_NE(message("mxfp4-native:twolevel").find("does not apply"), std::string::npos);
   EXPECT_NE(message("no-sink").find("must follow"), std::string::npos);
   EXPECT_NE(message("nvfp4-native:").find("no switch"), std::string::npos);

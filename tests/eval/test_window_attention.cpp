@@ -12,7 +12,8 @@ namespace {
 TEST(WindowAttention, EqualsTheReferencePerQuery) {
   const int d = 128, G = 4;
   for (const char* name : {"fp32", "bf16", "fp8", "nvfp4-vanilla", "nvfp4", "nvfp4-native", "nvfp4-vanilla-native",
-                           "mxfp4", "mxfp4-native", "nvfp4-native:no-sink", "nvfp4-native:twolevel",
+                           "mxfp4", "mxfp4-native", "nvfp4-native:no-sink", "nvfp4-native:no-recent", "fp8:no-recent",
+                           "nvfp4-native:no-sink,no-recent", "nvfp4-native:twolevel",
                            "nvfp4-native:smoothq"}) {
     const Recipe r = parse_recipe(name);
     for (int n : {1, 17, 128, 129, 300}) {

@@ -67,7 +67,7 @@ TEST(QuantizedAttention, SplitPlansAgree) {
   const auto s = test::make_synthetic(n, 128, 4, 11, 2.0f);
   for (const char* name : {"nvfp4", "mxfp4", "fp8", "nvfp4-native", "mxfp4-native"}) {
     const Recipe r = parse_recipe(name);
-    const int pages = decode_layout(n, true, r.bf16_sink_recent).quant_pages;
+    const int pages = decode_layout(n, true, r.bf16_sink, r.bf16_recent).quant_pages;
     const AttentionOutput one = decode_attention(s.q.data(), 4, s.k.data(), s.v.data(), n, 128, r, s.mu.data());
     const AttentionOutput three =
         decode_attention(s.q.data(), 4, s.k.data(), s.v.data(), n, 128, r, s.mu.data(), {0, 3, 4, pages});
@@ -102,7 +102,7 @@ TEST(QuantizedAttention, HeadSequenceViewsFollowTheDecodeLayout) {
   EXPECT_EQ(v.view.pages.size(), 1u);  // page 1 is promoted only after token 255's step
   EXPECT_EQ(v.view.layout.bf16_tokens(), 16 + 128);
 
-  const HeadSequence all(s.k.data(), s.v.data(), n, 64, parse_recipe("nvfp4-vanilla"));
+  const HeadSequence all(s.k.data(), s.v.data(), n, 64, parse_recipe("nvfp4-vanilla:no-recent"));
   all.view(130, v);
   ASSERT_EQ(v.view.pages.size(), 2u);
   EXPECT_EQ(v.view.pages[1]->tokens, 2);  // the unfinished page, quantized as it stands

@@ -1,0 +1,79 @@
+// A float32 CPU runner for Hugging Face Qwen3ForCausalLM checkpoints. Attention is a
+// callback, so that the same forward pass can run exact attention (the oracle) or any
+// quantized-cache attention under test; everything else follows transformers' fp32 math
+// (RMSNorm, QK-norm, rotate-half RoPE, SwiGLU) closely enough to agree to ~1e-5.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fp4kv/model/qwen3_config.h"
+
+namespace fp4kv::model {
+
+// q: [heads][L][d], k and v: [kv_heads][L][d] (q and k after QK-norm and RoPE), out: [heads][L][d].
+// Positions are 0..L-1 and attention must be causal (query t sees keys 0..t).
+using AttentionFn =
+    std::function<void(int layer, const float* q, const float* k, const float* v, int L, float* out)>;
+
+// Exact causal softmax attention with GQA (head h reads KV head h / (heads / kv_heads)),
+// scale 1/sqrt(d). Products go through sgemm; softmax runs in float with a double sum.
+void exact_causal_attention(const float* q, const float* k, const float* v, int heads, int kv_heads, int L,
+                            int d, float* out);
+
+// Intermediate tensors of one forward pass, for comparison with a reference implementation.
+struct Capture {
+  std::vector<float> hidden_after_embed;                 // [L][hidden]
+  std::map<int, std::vector<float>> q_rope, k_rope, v;  // per captured layer, in AttentionFn layout
+  std::vector<int> layers;                               // which layers to capture (set by the caller)
+};
+
+class Qwen3Model {
+ public:
+  // Loads <dir>/config.json and the safetensors weights, validating every tensor name and shape.
+  static Qwen3Model load(const std::string& dir);
+
+  const Qwen3Config& config() const { return config_; }
+  int64_t parameter_count() const;
+
+  // Logits [L][vocab] for `tokens` at positions 0..L-1.
+  std::vector<float> forward(const std::vector<int>& tokens, const AttentionFn& attend,
+                             Capture* capture = nullptr) const;
+  // The same with exact_causal_attention.
+  std::vector<float> forward(const std::vector<int>& tokens, Capture* capture = nullptr) const;
+  // An AttentionFn that runs exact_causal_attention with this model's head counts.
+  AttentionFn exact_attention() const;
+
+  // Greedy continuation: returns `new_tokens` argmax tokens appended after `prompt` (stops
+  // early at eos when stop_at_eos). The prompt is prefilled once; every further token costs
+  // one step against an fp32 KV cache with exact attention.
+  std::vector<int> generate_greedy(const std::vector<int>& prompt, int new_tokens, bool stop_at_eos = true) const;
+
+ private:
+  struct Layer {
+    std::vector<float> input_norm, post_norm;  // [hidden]
+    std::vector<float> q_norm, k_norm;         // [head_dim]
+    std::vector<float> wqkv;                   // q, k, v projections stacked: [(heads + 2 kv_heads) d][hidden]
+    std::vector<float> wo;                     // [hidden][heads d]
+    std::vector<float> w_gate_up;              // gate then up: [2 intermediate][hidden]
+    std::vector<float> w_down;                 // [hidden][intermediate]
+  };
+  struct KvCache;
+
+  // Runs tokens[0..L) at positions pos0.. . With a cache, K/V are appended to it and the
+  // attention is exact over the cache; otherwise `attend` gets this chunk alone (pos0 = 0).
+  // Returns logits for every row, or for the last row only when `last_only`.
+  std::vector<float> run(const int* tokens, int L, int pos0, KvCache* cache, const AttentionFn* attend,
+                         Capture* capture, bool last_only) const;
+
+  Qwen3Config config_;
+  std::vector<float> embed_;       // [vocab][hidden]
+  std::vector<float> final_norm_;  // [hidden]
+  std::vector<float> lm_head_;     // [vocab][hidden]; empty when tied to embed_
+  std::vector<Layer> layers_;
+  std::vector<float> inv_freq_;    // [head_dim / 2], as transformers computes it in float32
+};
+
+}  // namespace fp4kv::model

@@ -1,0 +1,194 @@
+#include "fp4kv/model/qwen3_config.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fp4kv/core/error.h"
+
+namespace fp4kv::model {
+
+namespace {
+
+using nlohmann::json;
+
+class Reader {
+ public:
+  Reader(const json& j, const std::string& source) : j_(j), source_(source) {}
+
+  [[noreturn]] void fail(const std::string& what) const { throw Error(source_ + ": " + what); }
+
+  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+
+  const json& required(const char* key) const {
+    if (!has(key)) fail(std::string("missing required field '") + key + "'");
+    return j_.at(key);
+  }
+
+  int positive_int(const char* key) const {
+    const json& v = required(key);
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 30)) {
+      fail(std::string("field '") + key + "' must be a positive integer, got " + v.dump());
+    }
+    return v.get<int>();
+  }
+
+  double positive_number(const json& v, const char* key) const {
+    if (!v.is_number() || !(v.get<double>() > 0)) {
+      fail(std::string("field '") + key + "' must be a positive number, got " + v.dump());
+    }
+    return v.get<double>();
+  }
+
+  bool flag(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_.at(key);
+    if (!v.is_boolean()) fail(std::string("field '") + key + "' must be true or false, got " + v.dump());
+    return v.get<bool>();
+  }
+
+  int optional_token(const char* key) const {
+    if (!has(key)) return -1;
+    const json& v = j_.at(key);
+    if (!v.is_number_integer()) fail(std::string("field '") + key + "' must be a token id, got " + v.dump());
+    return v.get<int>();
+  }
+
+ private:
+  const json& j_;
+  const std::string& source_;
+};
+
+// A RoPE description (rope_parameters or legacy rope_scaling): only "default" is run.
+void check_rope(const Reader& r, const json& rope, const char* key) {
+  if (rope.is_null()) return;
+  if (!rope.is_object()) r.fail(std::string("field '") + key + "' must be an object, got " + rope.dump());
+  std::string type = "default";
+  for (const char* type_key : {"rope_type", "type"}) {
+    if (rope.contains(type_key) && rope.at(type_key).is_string()) type = rope.at(type_key).get<std::string>();
+  }
+  if (type != "default") {
+    r.fail("unsupported RoPE type '" + type + "' in '" + key + "' (fp4kv supports default RoPE without scaling)");
+  }
+  if (rope.contains("partial_rotary_factor") && rope.at("partial_rotary_factor").is_number() &&
+      rope.at("partial_rotary_factor").get<double>() != 1.0) {
+    r.fail("unsupported partial_rotary_factor " + rope.at("partial_rotary_factor").dump() + " in '" + key + "'");
+  }
+}
+
+}  // namespace
+
+bool Qwen3Config::is_eos(int token) const {
+  return std::find(eos_token_ids.begin(), eos_token_ids.end(), token) != eos_token_ids.end();
+}
+
+Qwen3Config Qwen3Config::parse(const std::string& json_text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    throw Error(source + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) throw Error(source + ": not a JSON object");
+  const Reader r(j, source);
+
+  // Architecture: the runner implements exactly Qwen3ForCausalLM.
+  bool is_qwen3 = r.has("model_type") && j.at("model_type") == "qwen3";
+  std::string arch = r.has("model_type") && j.at("model_type").is_string()
+                         ? "model_type " + j.at("model_type").get<std::string>()
+                         : "(none given)";
+  if (r.has("architectures")) {
+    const json& a = j.at("architectures");
+    if (!a.is_array()) r.fail("field 'architectures' must be a list");
+    is_qwen3 = false;  // an explicit architecture list is authoritative
+    arch.clear();
+    for (const json& name : a) {
+      if (name == "Qwen3ForCausalLM") is_qwen3 = true;
+      arch += (arch.empty() ? "" : ", ") + (name.is_string() ? name.get<std::string>() : name.dump());
+    }
+    if (arch.empty()) arch = "(empty list)";
+  }
+  if (!is_qwen3) r.fail("unsupported architecture " + arch + " (fp4kv supports Qwen3ForCausalLM)");
+
+  Qwen3Config c;
+  c.vocab_size = r.positive_int("vocab_size");
+  c.hidden_size = r.positive_int("hidden_size");
+  c.intermediate_size = r.positive_int("intermediate_size");
+  c.num_hidden_layers = r.positive_int("num_hidden_layers");
+  c.num_attention_heads = r.positive_int("num_attention_heads");
+  c.num_key_value_heads = r.has("num_key_value_heads") ? r.positive_int("num_key_value_heads") : c.num_attention_heads;
+  if (r.has("head_dim")) {
+    c.head_dim = r.positive_int("head_dim");
+  } else {
+    if (c.hidden_size % c.num_attention_heads != 0) {
+      r.fail("no head_dim and hidden_size " + std::to_string(c.hidden_size) + " is not a multiple of " +
+             "num_attention_heads " + std::to_string(c.num_attention_heads));
+    }
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  if (c.head_dim % 2 != 0) r.fail("head_dim " + std::to_string(c.head_dim) + " must be even for RoPE");
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    r.fail("num_attention_heads " + std::to_string(c.num_attention_heads) + " is not a multiple of " +
+           "num_key_value_heads " + std::to_string(c.num_key_value_heads));
+  }
+  c.rms_norm_eps = r.positive_number(r.required("rms_norm_eps"), "rms_norm_eps");
+  c.tie_word_embeddings = r.flag("tie_word_embeddings", false);
+  if (r.has("max_position_embeddings")) c.max_position_embeddings = r.positive_int("max_position_embeddings");
+  c.bos_token_id = r.optional_token("bos_token_id");
+  if (r.has("eos_token_id")) {
+    const json& e = j.at("eos_token_id");
+    if (e.is_number_integer()) {
+      c.eos_token_ids.push_back(e.get<int>());
+    } else if (e.is_array()) {
+      for (const json& id : e) {
+        if (!id.is_number_integer()) r.fail("field 'eos_token_id' must hold token ids, got " + e.dump());
+        c.eos_token_ids.push_back(id.get<int>());
+      }
+    } else {
+      r.fail("field 'eos_token_id' must be a token id or a list, got " + e.dump());
+    }
+  }
+
+  // Features the runner does not implement.
+  if (r.has("hidden_act") && j.at("hidden_act") != "silu") {
+    r.fail("unsupported hidden_act " + j.at("hidden_act").dump() + " (fp4kv supports silu)");
+  }
+  if (r.flag("attention_bias", false)) r.fail("unsupported attention_bias true (fp4kv supports attention without bias)");
+  if (r.flag("use_sliding_window", false)) {
+    r.fail("unsupported sliding-window attention (use_sliding_window true); fp4kv supports full attention only");
+  }
+  if (r.has("layer_types")) {
+    for (const json& t : j.at("layer_types")) {
+      if (t != "full_attention") r.fail("unsupported layer type " + t.dump() + " (fp4kv supports full_attention)");
+    }
+  }
+
+  // RoPE: transformers >= 5 writes rope_parameters {rope_type, rope_theta}; older
+  // configs have a top-level rope_theta and rope_scaling (null for default RoPE).
+  if (j.contains("rope_parameters")) check_rope(r, j.at("rope_parameters"), "rope_parameters");
+  if (j.contains("rope_scaling")) check_rope(r, j.at("rope_scaling"), "rope_scaling");
+  const json* theta = nullptr;
+  if (r.has("rope_parameters") && j.at("rope_parameters").contains("rope_theta")) {
+    theta = &j.at("rope_parameters").at("rope_theta");
+  } else if (r.has("rope_theta")) {
+    theta = &j.at("rope_theta");
+  }
+  if (theta == nullptr) r.fail("missing required field 'rope_theta' (top level or in rope_parameters)");
+  c.rope_theta = r.positive_number(*theta, "rope_theta");
+  return c;
+}
+
+Qwen3Config Qwen3Config::load_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) throw Error("model directory " + dir + " does not exist");
+  const fs::path path = fs::path(dir) / "config.json";
+  std::ifstream in(path);
+  if (!in) throw Error("model directory " + dir + " has no config.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path.string());
+}
+
+}  // namespace fp4kv::model

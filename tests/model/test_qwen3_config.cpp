@@ -1,0 +1,115 @@
+#include "fp4kv/model/qwen3_config.h"
+
+#include <gtest/gtest.h>
+
+#include "fixtures.h"
+
+namespace fp4kv::model {
+namespace {
+
+using namespace fp4kv::model::testing;
+using nlohmann::json;
+
+Qwen3Config parse(const json& j) { return Qwen3Config::parse(j.dump(), "test config"); }
+
+TEST(Qwen3Config, ParsesPk8l) {
+  const Qwen3Config c = Qwen3Config::load_dir(pk8l_dir());
+  EXPECT_EQ(c.vocab_size, 264);
+  EXPECT_EQ(c.hidden_size, 512);
+  EXPECT_EQ(c.intermediate_size, 1024);
+  EXPECT_EQ(c.num_hidden_layers, 8);
+  EXPECT_EQ(c.num_attention_heads, 8);
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_EQ(c.group_size(), 4);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.max_position_embeddings, 32768);
+  EXPECT_EQ(c.bos_token_id, 256);
+  EXPECT_TRUE(c.is_eos(257));
+  EXPECT_FALSE(c.is_eos(256));
+}
+
+TEST(Qwen3Config, LegacyRopeFieldsAndDefaults) {
+  json j = tiny_config();
+  j.erase("rope_parameters");
+  j.erase("head_dim");
+  j["rope_theta"] = 5e5;
+  j["rope_scaling"] = nullptr;
+  j["eos_token_id"] = {9, 7};
+  j["bos_token_id"] = nullptr;
+  const Qwen3Config c = parse(j);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 5e5);
+  EXPECT_EQ(c.head_dim, 4);  // hidden / heads
+  EXPECT_EQ(c.bos_token_id, -1);
+  EXPECT_TRUE(c.is_eos(7));
+  EXPECT_TRUE(c.is_eos(9));
+
+  // model_type alone identifies Qwen3 when there is no architectures list.
+  j.erase("architectures");
+  EXPECT_NO_THROW(parse(j));
+}
+
+TEST(Qwen3Config, UnsupportedArchitecture) {
+  json j = tiny_config();
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  EXPECT_THROW(parse(j), Error);
+  expect_error([&] { parse(j); }, {"unsupported architecture LlamaForCausalLM", "Qwen3ForCausalLM"});
+}
+
+TEST(Qwen3Config, UnsupportedRope) {
+  for (const char* type : {"yarn", "linear", "dynamic", "llama3", "longrope"}) {
+    json j = tiny_config();
+    j["rope_parameters"] = {{"rope_type", type}, {"rope_theta", 1e6}, {"factor", 4.0}};
+    expect_error([&] { parse(j); }, {"unsupported RoPE type", std::string("'") + type + "'"});
+  }
+  json legacy = tiny_config();
+  legacy.erase("rope_parameters");
+  legacy["rope_theta"] = 1e6;
+  legacy["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  expect_error([&] { parse(legacy); }, {"unsupported RoPE type 'yarn'", "rope_scaling"});
+}
+
+TEST(Qwen3Config, UnsupportedFeatures) {
+  json j = tiny_config();
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 4096;
+  expect_error([&] { parse(j); }, {"unsupported sliding-window"});
+  j = tiny_config();
+  j["attention_bias"] = true;
+  expect_error([&] { parse(j); }, {"unsupported attention_bias"});
+  j = tiny_config();
+  j["hidden_act"] = "gelu";
+  expect_error([&] { parse(j); }, {"unsupported hidden_act", "gelu"});
+  j = tiny_config();
+  j["layer_types"] = {"sliding_attention"};
+  expect_error([&] { parse(j); }, {"unsupported layer type", "sliding_attention"});
+}
+
+TEST(Qwen3Config, MissingOrBadFields) {
+  for (const char* field : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                            "num_attention_heads", "rms_norm_eps"}) {
+    json j = tiny_config();
+    j.erase(field);
+    expect_error([&] { parse(j); }, {"test config", "missing required field", field});
+  }
+  json j = tiny_config();
+  j.erase("rope_parameters");
+  expect_error([&] { parse(j); }, {"missing required field 'rope_theta'"});
+  j = tiny_config();
+  j["num_key_value_heads"] = 3;
+  j["num_attention_heads"] = 4;
+  expect_error([&] { parse(j); }, {"num_attention_heads 4", "num_key_value_heads 3"});
+  j = tiny_config();
+  j["hidden_size"] = "8";
+  expect_error([&] { parse(j); }, {"'hidden_size'", "positive integer"});
+  expect_error([&] { Qwen3Config::parse("{oops", "cfg.json"); }, {"cfg.json", "not valid JSON"});
+  expect_error([&] { Qwen3Config::load_dir("/nonexistent/fp4kv/model"); }, {"/nonexistent/fp4kv/model", "does not exist"});
+  TempDir empty;
+  expect_error([&] { Qwen3Config::load_dir(empty.str()); }, {"no config.json"});
+}
+
+}  // namespace
+}  // namespace fp4kv::model

@@ -1,0 +1,322 @@
+// Qwen3Model on tiny random checkpoints written at test time: loader errors, and the
+// forward pass against a naive double-precision transcription of the HF model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "fixtures.h"
+#include "fp4kv/model/qwen3.h"
+
+namespace fp4kv::model {
+namespace {
+
+using namespace fp4kv::model::testing;
+using nlohmann::json;
+
+const RawTensor& find(const std::vector<RawTensor>& ts, const std::string& name) {
+  for (const RawTensor& t : ts) {
+    if (t.name == name) return t;
+  }
+  throw std::runtime_error("fixture has no " + name);
+}
+
+std::vector<double> values(const std::vector<RawTensor>& ts, const std::string& name) {
+  const RawTensor& t = find(ts, name);
+  std::vector<float> f(t.bytes.size() / 4);
+  std::memcpy(f.data(), t.bytes.data(), t.bytes.size());
+  return {f.begin(), f.end()};
+}
+
+double rel_error(const std::vector<float>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// Causal GQA attention in double: q [heads][L][d], k/v [kv_heads][L][d].
+std::vector<double> naive_attention(const std::vector<double>& q, const std::vector<double>& k,
+                                    const std::vector<double>& v, int heads, int kv_heads, int L, int d) {
+  std::vector<double> out(size_t(heads) * L * d, 0.0);
+  for (int h = 0; h < heads; ++h) {
+    const int g = h / (heads / kv_heads);
+    for (int t = 0; t < L; ++t) {
+      std::vector<double> s(size_t(t) + 1);
+      double m = -1e300, sum = 0;
+      for (int j = 0; j <= t; ++j) {
+        double dot = 0;
+        for (int i = 0; i < d; ++i) dot += q[(size_t(h) * L + t) * d + i] * k[(size_t(g) * L + j) * d + i];
+        s[size_t(j)] = dot / std::sqrt(double(d));
+        m = std::max(m, s[size_t(j)]);
+      }
+      for (double& x : s) sum += (x = std::exp(x - m));
+      for (int j = 0; j <= t; ++j) {
+        for (int i = 0; i < d; ++i) {
+          out[(size_t(h) * L + t) * d + i] += s[size_t(j)] / sum * v[(size_t(g) * L + j) * d + i];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// The HF Qwen3ForCausalLM forward, written out plainly in double.
+std::vector<double> naive_forward(const json& c, const std::vector<RawTensor>& ts, const std::vector<int>& tokens) {
+  const int H = c["hidden_size"], I = c["intermediate_size"], V = c["vocab_size"], d = c["head_dim"];
+  const int nq = c["num_attention_heads"], nkv = c["num_key_value_heads"], layers = c["num_hidden_layers"];
+  const double eps = c["rms_norm_eps"], theta = c["rope_parameters"]["rope_theta"];
+  const int L = int(tokens.size());
+  auto matmul = [](const std::vector<double>& x, const std::vector<double>& w, int M, int N, int K) {
+    std::vector<double> y(size_t(M) * N, 0.0);
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n)
+        for (int k = 0; k < K; ++k) y[size_t(m) * N + n] += x[size_t(m) * K + k] * w[size_t(n) * K + k];
+    return y;
+  };
+  auto norm = [&](std::vector<double> x, const std::vector<double>& w, int n) {
+    for (size_t r = 0; r < x.size() / size_t(n); ++r) {
+      double ss = 0;
+      for (int i = 0; i < n; ++i) ss += x[r * n + i] * x[r * n + i];
+      const double s = 1.0 / std::sqrt(ss / n + eps);
+      for (int i = 0; i < n; ++i) x[r * n + i] *= s * w[size_t(i)];
+    }
+    return x;
+  };
+  const std::vector<double> embed = values(ts, "model.embed_tokens.weight");
+  std::vector<double> h(size_t(L) * H);
+  for (int t = 0; t < L; ++t)
+    for (int i = 0; i < H; ++i) h[size_t(t) * H + i] = embed[size_t(tokens[size_t(t)]) * H + i];
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::vector<double> x = norm(h, values(ts, p + "input_layernorm.weight"), H);
+    const auto qp = matmul(x, values(ts, p + "self_attn.q_proj.weight"), L, nq * d, H);
+    const auto kp = matmul(x, values(ts, p + "self_attn.k_proj.weight"), L, nkv * d, H);
+    const auto vp = matmul(x, values(ts, p + "self_attn.v_proj.weight"), L, nkv * d, H);
+    // To [heads][L][d] with per-head RMSNorm and rotate-half RoPE.
+    auto heads_of = [&](const std::vector<double>& proj, int n, const std::vector<double>* w, bool rotate) {
+      std::vector<double> out(size_t(n) * L * d);
+      for (int j = 0; j < n; ++j) {
+        for (int t = 0; t < L; ++t) {
+          std::vector<double> row(proj.begin() + (size_t(t) * n + j) * d, proj.begin() + (size_t(t) * n + j + 1) * d);
+          if (w != nullptr) row = norm(row, *w, d);
+          if (rotate) {
+            std::vector<double> r = row;
+            for (int i = 0; i < d / 2; ++i) {
+              const double a = t * std::pow(theta, -2.0 * i / d);
+              r[size_t(i)] = row[size_t(i)] * std::cos(a) - row[size_t(i + d / 2)] * std::sin(a);
+              r[size_t(i + d / 2)] = row[size_t(i + d / 2)] * std::cos(a) + row[size_t(i)] * std::sin(a);
+            }
+            row = r;
+          }
+          std::copy(row.begin(), row.end(), out.begin() + (size_t(j) * L + t) * d);
+        }
+      }
+      return out;
+    };
+    const auto qn = values(ts, p + "self_attn.q_norm.weight"), kn = values(ts, p + "self_attn.k_norm.weight");
+    const auto att = naive_attention(heads_of(qp, nq, &qn, true), heads_of(kp, nkv, &kn, true),
+                                     heads_of(vp, nkv, nullptr, false), nq, nkv, L, d);
+    std::vector<double> rows(size_t(L) * nq * d);
+    for (int j = 0; j < nq; ++j)
+      for (int t = 0; t < L; ++t)
+        for (int i = 0; i < d; ++i) rows[(size_t(t) * nq + j) * d + i] = att[(size_t(j) * L + t) * d + i];
+    const auto o = matmul(rows, values(ts, p + "self_attn.o_proj.weight"), L, H, nq * d);
+    for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
+    const std::vector<double> x2 = norm(h, values(ts, p + "post_attention_layernorm.weight"), H);
+    const auto g = matmul(x2, values(ts, p + "mlp.gate_proj.weight"), L, I, H);
+    const auto u = matmul(x2, values(ts, p + "mlp.up_proj.weight"), L, I, H);
+    std::vector<double> a(g.size());
+    for (size_t i = 0; i < a.size(); ++i) a[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+    const auto down = matmul(a, values(ts, p + "mlp.down_proj.weight"), L, H, I);
+    for (size_t i = 0; i < h.size(); ++i) h[i] += down[i];
+  }
+  const auto hn = norm(h, values(ts, "model.norm.weight"), H);
+  const bool tied = c["tie_word_embeddings"];
+  return matmul(hn, tied ? embed : values(ts, "lm_head.weight"), L, V, H);
+}
+
+json small_config() {
+  json c = tiny_config(/*tied=*/false);
+  c["hidden_size"] = 32;
+  c["intermediate_size"] = 48;
+  c["num_hidden_layers"] = 2;
+  c["num_attention_heads"] = 4;
+  c["num_key_value_heads"] = 2;
+  c["head_dim"] = 8;
+  c["vocab_size"] = 40;
+  c["eos_token_id"] = 39;
+  return c;
+}
+
+TEST(Qwen3Tiny, ExactAttentionMatchesNaiveAcrossBlocks) {
+  const int heads = 4, kv_heads = 2, L = 600, d = 16;  // L spans several 256-row blocks
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  std::vector<float> q(size_t(heads) * L * d), k(size_t(kv_heads) * L * d), v(k.size());
+  for (auto* x : {&q, &k, &v})
+    for (float& e : *x) e = normal(rng);
+  std::vector<float> out(q.size());
+  exact_causal_attention(q.data(), k.data(), v.data(), heads, kv_heads, L, d, out.data());
+  const auto ref = naive_attention({q.begin(), q.end()}, {k.begin(), k.end()}, {v.begin(), v.end()}, heads,
+                                   kv_heads, L, d);
+  const double err = rel_error(out, ref);
+  std::printf("exact_causal_attention vs double: rel error %.3g\n", err);
+  EXPECT_LT(err, 1e-6);
+}
+
+TEST(Qwen3Tiny, ForwardMatchesNaiveDouble) {
+  TempDir dir;
+  const json c = small_config();
+  const auto tensors = qwen3_tensors(c, 3);
+  write_checkpoint(dir.str(), c, tensors);
+  const Qwen3Model m = Qwen3Model::load(dir.str());
+  EXPECT_EQ(m.parameter_count(), 40 * 32 * 2 + 32 + 2 * (2 * 32 + 2 * 8 + 32 * 32 * 2 + 16 * 32 * 2 + 3 * 48 * 32));
+
+  std::vector<int> tokens;
+  for (int t = 0; t < 29; ++t) tokens.push_back((t * 7 + 3) % 40);
+  int calls = 0;
+  const AttentionFn counting = [&](int layer, const float* q, const float* k, const float* v, int L, float* out) {
+    EXPECT_EQ(layer, calls++);
+    exact_causal_attention(q, k, v, 4, 2, L, 8, out);
+  };
+  const std::vector<float> logits = m.forward(tokens, counting);
+  EXPECT_EQ(calls, 2);
+  ASSERT_EQ(logits.size(), tokens.size() * 40);
+  const double err = rel_error(logits, naive_forward(c, tensors, tokens));
+  std::printf("tiny model logits vs double: rel error %.3g\n", err);
+  EXPECT_LT(err, 1e-5);
+
+  expect_error([&] { m.forward({1, 2, 40}); }, {"token 40", "position 2", "vocabulary"});
+  expect_error([&] { m.forward({}); }, {"empty"});
+}
+
+TEST(Qwen3Tiny, GreedyMatchesFullForward) {
+  TempDir dir;
+  const json c = small_config();
+  write_checkpoint(dir.str(), c, qwen3_tensors(c, 5));
+  const Qwen3Model m = Qwen3Model::load(dir.str());
+  const std::vector<int> prompt = {1, 5, 9, 2, 33, 17};
+  const std::vector<int> gen = m.generate_greedy(prompt, 12, /*stop_at_eos=*/false);
+  ASSERT_EQ(gen.size(), 12u);
+  std::vector<int> seq = prompt;
+  seq.insert(seq.end(), gen.begin(), gen.end() - 1);
+  const std::vector<float> logits = m.forward(seq);
+  for (size_t i = 0; i < gen.size(); ++i) {
+    const float* row = logits.data() + (prompt.size() - 1 + i) * 40;
+    EXPECT_EQ(gen[i], int(std::max_element(row, row + 40) - row)) << "step " << i;
+  }
+}
+
+class Qwen3LoadErrors : public ::testing::Test {
+ protected:
+  TempDir dir;
+  json config = tiny_config();
+  std::vector<RawTensor> tensors = qwen3_tensors(config);
+  void write() { write_checkpoint(dir.str(), config, tensors); }
+  void load_expect(const std::vector<std::string>& parts) {
+    expect_error([&] { Qwen3Model::load(dir.str()); }, parts);
+  }
+};
+
+TEST_F(Qwen3LoadErrors, ValidFixtureLoads) {
+  write();
+  const Qwen3Model m = Qwen3Model::load(dir.str());
+  EXPECT_EQ(m.config().hidden_size, 8);
+  EXPECT_EQ(m.forward({1, 2, 3}).size(), 30u);
+}
+
+TEST_F(Qwen3LoadErrors, MissingDirectory) {
+  expect_error([] { Qwen3Model::load("/nonexistent/fp4kv_model_dir"); },
+               {"/nonexistent/fp4kv_model_dir", "does not exist"});
+  EXPECT_THROW(Qwen3Model::load("/nonexistent/fp4kv_model_dir"), Error);
+}
+
+TEST_F(Qwen3LoadErrors, MissingConfig) {
+  write_safetensors(dir / "model.safetensors", tensors);
+  load_expect({"no config.json"});
+}
+
+TEST_F(Qwen3LoadErrors, LlamaArchitecture) {
+  // The real pk8l config with another architecture (model_type still says qwen3: the
+  // architectures list decides).
+  std::ifstream in(pk8l_dir() + "/config.json");
+  json pk = json::parse(in);
+  pk["architectures"] = {"LlamaForCausalLM"};
+  write_text(dir / "config.json", pk.dump());
+  load_expect({"unsupported architecture LlamaForCausalLM (fp4kv supports Qwen3ForCausalLM)"});
+}
+
+TEST_F(Qwen3LoadErrors, YarnRope) {
+  config["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4.0},
+                               {"original_max_position_embeddings", 32768}};
+  write();
+  load_expect({"unsupported RoPE type 'yarn'"});
+}
+
+TEST_F(Qwen3LoadErrors, MissingTensor) {
+  std::erase_if(tensors, [](const RawTensor& t) { return t.name == "model.layers.0.self_attn.k_norm.weight"; });
+  write();
+  load_expect({"missing tensor 'model.layers.0.self_attn.k_norm.weight'", "expected shape [4]"});
+}
+
+TEST_F(Qwen3LoadErrors, MisshapenTensor) {
+  for (RawTensor& t : tensors) {
+    if (t.name == "model.layers.0.self_attn.k_proj.weight") {  // [4, 8] expected; write [8, 8]
+      t.shape = {8, 8};
+      t.bytes.resize(8 * 8 * 4);
+    }
+  }
+  write();
+  load_expect({"'model.layers.0.self_attn.k_proj.weight' has shape [8, 8]", "expected shape [4, 8]"});
+}
+
+TEST_F(Qwen3LoadErrors, ExtraTensor) {
+  tensors.push_back(f32_tensor("model.layers.1.mlp.up_proj.weight", {16, 8}, std::vector<float>(128, 0.0f)));
+  write();
+  load_expect({"unexpected tensor 'model.layers.1.mlp.up_proj.weight'"});
+}
+
+TEST_F(Qwen3LoadErrors, LmHeadWithTiedEmbeddings) {
+  tensors.push_back(f32_tensor("lm_head.weight", {10, 8}, std::vector<float>(80, 0.0f)));
+  write();
+  load_expect({"unexpected tensor 'lm_head.weight'", "tie_word_embeddings"});
+}
+
+TEST_F(Qwen3LoadErrors, UntiedNeedsLmHead) {
+  config["tie_word_embeddings"] = false;
+  write();
+  load_expect({"missing tensor 'lm_head.weight'", "[10, 8]"});
+}
+
+TEST_F(Qwen3LoadErrors, TruncatedSafetensors) {
+  write();
+  const std::string path = dir / "model.safetensors";
+  fs::resize_file(path, fs::file_size(path) - 100);
+  load_expect({"model.safetensors", "truncated"});
+}
+
+TEST_F(Qwen3LoadErrors, HeaderLengthBeyondFileSize) {
+  write();
+  const std::string path = dir / "model.safetensors";
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  const uint64_t huge = uint64_t(1) << 40;
+  f.write(reinterpret_cast<const char*>(&huge), 8);
+  f.close();
+  load_expect({"model.safetensors", "header length 1099511627776 exceeds the file size"});
+}
+
+TEST_F(Qwen3LoadErrors, NonFiniteWeight) {
+  for (RawTensor& t : tensors) {
+    if (t.name == "model.norm.weight") {
+      const float nan = std::nanf("");
+      std::memcpy(t.bytes.data(), &nan, 4);
+    }
+  }
+  write();
+  load_expect({"'model.norm.weight'", "NaN"});
+}
+
+}  // namespace
+}  // namespace fp4kv::model
