@@ -17,10 +17,22 @@ struct StepPlan {
                                            // step's last layer, or -1
   int32_t* error_flags = nullptr;      // [1] bit 0: more requests than slots (the step's work is skipped)
   int32_t max_splits = 1;              // capacity of splits per row (grid dimension of the decode kernel)
+  // Added by the cache (issue 4):
+  int32_t* row_pages = nullptr;        // [max_batch] pool pages the row attends: decode_layout(seq_len).quant_pages
+                                       // for FP8/NVFP4/MXFP4 (the last one partial without BF16 recent); for the
+                                       // BF16 format every page ceil(seq_len / 128), the last one partial (the BF16
+                                       // format keeps all tokens in its pool pages and uses no slot rows)
+  int32_t* num_rows = nullptr;         // [1] this step's batch; rows >= it have row_splits = 0, row_slot = -1
 };
+// Semantics (kv_cache.h): error_flags is sticky. The control kernel ORs in new bits and
+// leaves the slot table and the plan untouched when it raises one; while any bit is set,
+// every later begin_step does nothing and every kernel of a step (the cache's append and
+// promotion, the decode kernels) must skip, until the host calls KvCache::clear_errors().
+// Rows >= num_rows of the plan arrays (up to max_batch) are filled with "no work" each step.
 
 // Error flag bits (read by the host after the step).
 inline constexpr int32_t kErrorSlotsExhausted = 1;
 inline constexpr int32_t kErrorBadSequence = 2;  // seq_len < 1 or block table entry out of range
+inline constexpr int32_t kErrorDuplicateRequest = 4;  // two rows of one step share a first cache block
 
 }  // namespace fp4kv::cache

@@ -22,7 +22,7 @@ struct EvalOptions {
   std::vector<Recipe> configs;
   std::string reference = "bf16";
   std::string baseline = "nvfp4-native";
-  int retrieval_docs = 4;  // 0: no retrieval
+  int retrieval_docs = 4;  // 0: no retrieval; every needle of a document is asked about
   int retrieval_context = 1024;
   unsigned seed = 1;
   bool progress = true;  // a progress line on stderr
@@ -33,7 +33,8 @@ struct ConfigResult {
   double kl_1e3 = 0.0;
   double top1_mismatch_pct = 0.0;
   double t_vs_baseline = 0.0;
-  std::optional<double> retrieval_acc;
+  std::optional<double> retrieval_acc;  // fraction of questions answered exactly
+  int retrieval_questions = 0;
   std::vector<double> window_kl;  // nats, one per window
 };
 

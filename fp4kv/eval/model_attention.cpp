@@ -13,11 +13,11 @@ model::AttentionFn recipe_attention(const model::Qwen3Config& config, const Reci
     require(calibration->layers == config.num_hidden_layers && calibration->kv_heads == kv &&
                 calibration->head_dim == d,
             "calibration does not match the model's shape");
-  return [=](int layer, const float* q, const float* k, const float* v, int L, float* out) {
+  return [=](int layer, const float* q, const float* k, const float* v, int nq, int n, float* out) {
     for (int g = 0; g < kv; ++g) {
       const float* mu = calibration ? calibration->mu(layer, g) : nullptr;
-      window_attention(q + size_t(g) * G * L * d, G, L, k + size_t(g) * L * d, v + size_t(g) * L * d, L, d, recipe,
-                       mu, out + size_t(g) * G * L * d, stats);
+      window_attention(q + size_t(g) * G * nq * d, G, nq, k + size_t(g) * n * d, v + size_t(g) * n * d, n, d, recipe,
+                       mu, out + size_t(g) * G * nq * d, stats);
     }
   };
 }

@@ -1,7 +1,9 @@
 // Pass-key retrieval (the pk8l model's README format): filler text with k needle lines
 // "\nThe pass key of WORD is NNNNNN.\n" at random byte positions, then
-// "\nQuestion: what is the pass key of WORD? Answer: NNNNNN.\n". A document counts as
-// correct when all six answer digits are the argmax given the correct prefix.
+// "\nQuestion: what is the pass key of WORD? Answer: NNNNNN.\n". An answer counts as
+// correct when all six digits are the argmax given the correct prefix (teacher-forced).
+// Every needle of a document is asked about, each question extending the same document
+// prefix, so one prefill serves k questions.
 #pragma once
 
 #include <random>
@@ -10,21 +12,25 @@
 
 namespace fp4kv::eval {
 
+struct PasskeyQuestion {
+  std::string word, key;
+  std::vector<int> tokens;  // the question line, then the answer digits ".\n"
+  int answer_offset = 0;    // index in tokens of the first answer digit
+};
+
 struct PasskeyDoc {
-  std::vector<int> tokens;  // BOS + document bytes (exactly `context` tokens)
-  int answer_pos = 0;       // index in tokens of the first answer digit
-  std::string word, key;    // the asked needle
-  int needles = 0;
+  std::vector<int> body;  // BOS + filler with the needles; body + any question = `context` tokens
+  std::vector<PasskeyQuestion> questions;  // one per needle
 };
 
 // Lowercase English words of 4..9 letters found in the text, deduplicated, in order.
 std::vector<std::string> passkey_words(const std::string& text);
 
-// A document of `context` tokens; needles k drawn from {4, 8, 16}.
+// A document of `context` tokens (with its longest question); k needles from {4, 8, 16}.
 PasskeyDoc make_passkey_doc(const std::string& filler, const std::vector<std::string>& words, int context,
                             std::mt19937& rng);
 
-// Teacher-forced exact match: logits [L][vocab] of the document's forward pass.
-bool passkey_correct(const std::vector<float>& logits, int vocab, const PasskeyDoc& doc);
+// Teacher-forced exact match from the logits [question tokens][vocab] of the question.
+bool passkey_correct(const std::vector<float>& question_logits, int vocab, const PasskeyQuestion& q);
 
 }  // namespace fp4kv::eval

@@ -162,8 +162,8 @@ void window_attention(const float* q, int G, int nq, const float* k, const float
       std::vector<float> kp(size_t(P) * d), vp(size_t(P) * d), pbuf(P), pq(P);
       for (int i = 0; i < nb; ++i) {
         const int pos = first_pos + i0 + i, len = pos - page * P + 1;
-        const ref::QuantPage qp = ref::quantize_page(&seq.transformed_keys()[size_t(page) * P * d],
-                                                     &seq.values()[size_t(page) * P * d], len, d, r);
+        const ref::QuantPage qp = ref::quantize_page(&seq.bf16_keys()[size_t(page) * P * d],
+                                                     &seq.bf16_values()[size_t(page) * P * d], len, d, r);
         for (int t = 0; t < len; ++t)
           for (int c = 0; c < d; ++c) {
             kp[size_t(t) * d + c] = qp.k_value(t, c);

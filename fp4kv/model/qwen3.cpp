@@ -149,12 +149,6 @@ void exact_causal_attention(const float* q, const float* k, const float* v, int 
   causal_attention(q, k, v, heads, kv_heads, L, 0, L, d, out);
 }
 
-// The fp32 KV cache of generate_greedy: per layer [kv_heads][capacity][head_dim].
-struct Qwen3Model::KvCache {
-  int capacity = 0;
-  std::vector<std::vector<float>> k, v;
-};
-
 Qwen3Model Qwen3Model::load(const std::string& dir) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) throw Error("model directory " + dir + " does not exist");
@@ -262,25 +256,33 @@ int64_t Qwen3Model::parameter_count() const {
 
 AttentionFn Qwen3Model::exact_attention() const {
   const int heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads, d = config_.head_dim;
-  return [heads, kv_heads, d](int, const float* q, const float* k, const float* v, int L, float* out) {
-    exact_causal_attention(q, k, v, heads, kv_heads, L, d, out);
+  return [heads, kv_heads, d](int, const float* q, const float* k, const float* v, int nq, int n, float* out) {
+    causal_attention(q, k, v, heads, kv_heads, nq, n - nq, n, d, out);
   };
 }
 
-std::vector<float> Qwen3Model::forward(const std::vector<int>& tokens, const AttentionFn& attend,
-                                       Capture* capture) const {
+std::vector<float> Qwen3Model::forward(const std::vector<int>& tokens, const AttentionFn& attend, Capture* capture,
+                                       KvState* state) const {
   require(bool(attend), "Qwen3Model::forward: no attention function");
-  return run(tokens.data(), int(tokens.size()), 0, nullptr, &attend, capture, false);
+  return run(tokens.data(), int(tokens.size()), nullptr, attend, capture, state, false);
 }
 
 std::vector<float> Qwen3Model::forward(const std::vector<int>& tokens, Capture* capture) const {
   return forward(tokens, exact_attention(), capture);
 }
 
-std::vector<float> Qwen3Model::run(const int* tokens, int L, int pos0, KvCache* cache, const AttentionFn* attend,
-                                   Capture* capture, bool last_only) const {
+std::vector<float> Qwen3Model::extend(const KvState& prefix, const std::vector<int>& tokens, const AttentionFn& attend,
+                                      KvState* state) const {
+  require(bool(attend), "Qwen3Model::extend: no attention function");
+  require(int(prefix.k.size()) == config_.num_hidden_layers, "Qwen3Model::extend: the prefix state is empty");
+  return run(tokens.data(), int(tokens.size()), &prefix, attend, nullptr, state, false);
+}
+
+std::vector<float> Qwen3Model::run(const int* tokens, int L, const KvState* prefix, const AttentionFn& attend,
+                                   Capture* capture, KvState* state, bool last_only) const {
   const Qwen3Config& c = config_;
   require(L > 0, "Qwen3Model: empty token sequence");
+  const int pos0 = prefix ? prefix->length : 0, n = pos0 + L;
   for (int t = 0; t < L; ++t) {
     require(tokens[t] >= 0 && tokens[t] < c.vocab_size, "Qwen3Model: token " + std::to_string(tokens[t]) +
                                                             " at position " + std::to_string(pos0 + t) +
@@ -311,6 +313,8 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, int pos0, KvCache* 
   std::vector<float> xn(Ls * H), qkv(Ls * qkv_width), tmp(Ls * H);
   std::vector<float> q(Ls * nq * d), k(Ls * nkv * d), v(Ls * nkv * d), att(Ls * nq * d), att_rows(Ls * nq * d);
   std::vector<float> gate_up(Ls * 2 * I), act(Ls * I);
+  // K/V of every layer for `state`; assigned at the end, since state may alias prefix.
+  std::vector<std::vector<float>> layer_k(state ? size_t(c.num_hidden_layers) : 0), layer_v(layer_k.size());
   auto norm_rows = [&](const std::vector<float>& weight) {
     parallel_for(L, row_chunk, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) rms_norm(h.data() + t * H, weight.data(), H, eps, xn.data() + t * H);
@@ -349,16 +353,25 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, int pos0, KvCache* 
       capture->k_rope[l] = k;
       capture->v[l] = v;
     }
-    if (cache != nullptr) {
+    // Keys and values of all n positions: the prefix's, then this chunk's.
+    std::vector<float> k_all, v_all;
+    if (prefix != nullptr) {
+      k_all.resize(size_t(nkv) * n * d);
+      v_all.resize(size_t(nkv) * n * d);
       for (int j = 0; j < nkv; ++j) {
-        const size_t dst = (size_t(j) * cache->capacity + pos0) * d;
-        std::copy_n(k.data() + size_t(j) * L * d, Ls * d, cache->k[size_t(l)].data() + dst);
-        std::copy_n(v.data() + size_t(j) * L * d, Ls * d, cache->v[size_t(l)].data() + dst);
+        const size_t src = size_t(j) * pos0 * d, dst = size_t(j) * n * d;
+        std::copy_n(prefix->k[size_t(l)].data() + src, size_t(pos0) * d, k_all.data() + dst);
+        std::copy_n(prefix->v[size_t(l)].data() + src, size_t(pos0) * d, v_all.data() + dst);
+        std::copy_n(k.data() + size_t(j) * L * d, Ls * d, k_all.data() + dst + size_t(pos0) * d);
+        std::copy_n(v.data() + size_t(j) * L * d, Ls * d, v_all.data() + dst + size_t(pos0) * d);
       }
-      causal_attention(q.data(), cache->k[size_t(l)].data(), cache->v[size_t(l)].data(), nq, nkv, L, pos0,
-                       cache->capacity, d, att.data());
-    } else {
-      (*attend)(l, q.data(), k.data(), v.data(), L, att.data());
+    }
+    const std::vector<float>& ks = prefix ? k_all : k;
+    const std::vector<float>& vs = prefix ? v_all : v;
+    attend(l, q.data(), ks.data(), vs.data(), L, n, att.data());
+    if (state != nullptr) {
+      layer_k[size_t(l)] = ks;
+      layer_v[size_t(l)] = vs;
     }
     // [heads][L][d] -> [L][heads * d], the layout o_proj expects.
     for (int j = 0; j < nq; ++j) {
@@ -384,6 +397,11 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, int pos0, KvCache* 
     add_to_h();
   }
 
+  if (state != nullptr) {
+    state->k = std::move(layer_k);
+    state->v = std::move(layer_v);
+    state->length = n;
+  }
   const int first = last_only ? L - 1 : 0, rows = L - first;
   for (int t = first; t < L; ++t) {
     rms_norm(h.data() + size_t(t) * H, final_norm_.data(), H, eps, xn.data() + size_t(t) * H);
@@ -401,19 +419,14 @@ std::vector<int> Qwen3Model::generate_greedy(const std::vector<int>& prompt, int
   if (new_tokens == 0) return out;
 
   const Qwen3Config& c = config_;
-  KvCache cache;
-  cache.capacity = int(prompt.size()) + new_tokens;
-  const size_t per_layer = size_t(c.num_key_value_heads) * size_t(cache.capacity) * size_t(c.head_dim);
-  cache.k.assign(size_t(c.num_hidden_layers), std::vector<float>(per_layer));
-  cache.v.assign(size_t(c.num_hidden_layers), std::vector<float>(per_layer));
-
-  std::vector<float> logits = run(prompt.data(), int(prompt.size()), 0, &cache, nullptr, nullptr, true);
+  const AttentionFn exact = exact_attention();
+  KvState state;
+  std::vector<float> logits = run(prompt.data(), int(prompt.size()), nullptr, exact, nullptr, &state, true);
   for (;;) {
     const int next = argmax(logits.data(), c.vocab_size);
     out.push_back(next);
     if (int(out.size()) == new_tokens || (stop_at_eos && c.is_eos(next))) break;
-    const int pos = int(prompt.size() + out.size()) - 1;
-    logits = run(&next, 1, pos, &cache, nullptr, nullptr, true);
+    logits = run(&next, 1, &state, exact, nullptr, &state, true);
   }
   return out;
 }

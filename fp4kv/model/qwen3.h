@@ -13,10 +13,11 @@
 
 namespace fp4kv::model {
 
-// q: [heads][L][d], k and v: [kv_heads][L][d] (q and k after QK-norm and RoPE), out: [heads][L][d].
-// Positions are 0..L-1 and attention must be causal (query t sees keys 0..t).
-using AttentionFn =
-    std::function<void(int layer, const float* q, const float* k, const float* v, int L, float* out)>;
+// Attention of one layer. q: [heads][nq][d], the queries of positions n - nq .. n - 1;
+// k and v: [kv_heads][n][d], the keys and values of positions 0 .. n - 1 (q and k after
+// QK-norm and RoPE); out: [heads][nq][d]. Causal: the query at position t sees keys 0..t.
+using AttentionFn = std::function<void(int layer, const float* q, const float* k, const float* v, int nq, int n,
+                                       float* out)>;
 
 // Exact causal softmax attention with GQA (head h reads KV head h / (heads / kv_heads)),
 // scale 1/sqrt(d). Products go through sgemm; softmax runs in float with a double sum.
@@ -30,6 +31,13 @@ struct Capture {
   std::vector<int> layers;                               // which layers to capture (set by the caller)
 };
 
+// Every layer's post-RoPE keys and values of the positions processed so far, so that
+// further tokens can extend a prefix without recomputing it.
+struct KvState {
+  int length = 0;
+  std::vector<std::vector<float>> k, v;  // per layer [kv_heads][length][head_dim]
+};
+
 class Qwen3Model {
  public:
   // Loads <dir>/config.json and the safetensors weights, validating every tensor name and shape.
@@ -38,17 +46,22 @@ class Qwen3Model {
   const Qwen3Config& config() const { return config_; }
   int64_t parameter_count() const;
 
-  // Logits [L][vocab] for `tokens` at positions 0..L-1.
-  std::vector<float> forward(const std::vector<int>& tokens, const AttentionFn& attend,
-                             Capture* capture = nullptr) const;
+  // Logits [L][vocab] for `tokens` at positions 0..L-1; with `state`, also the K/V of
+  // every layer (to extend later).
+  std::vector<float> forward(const std::vector<int>& tokens, const AttentionFn& attend, Capture* capture = nullptr,
+                             KvState* state = nullptr) const;
   // The same with exact_causal_attention.
   std::vector<float> forward(const std::vector<int>& tokens, Capture* capture = nullptr) const;
-  // An AttentionFn that runs exact_causal_attention with this model's head counts.
+  // Logits [L][vocab] of `tokens` at positions prefix.length.. after the prefix; with
+  // `state` (may be &prefix), the extended K/V.
+  std::vector<float> extend(const KvState& prefix, const std::vector<int>& tokens, const AttentionFn& attend,
+                            KvState* state = nullptr) const;
+  // An AttentionFn that runs exact causal attention with this model's head counts.
   AttentionFn exact_attention() const;
 
   // Greedy continuation: returns `new_tokens` argmax tokens appended after `prompt` (stops
-  // early at eos when stop_at_eos). The prompt is prefilled once; every further token costs
-  // one step against an fp32 KV cache with exact attention.
+  // early at eos when stop_at_eos). The prompt is prefilled once; every further token is
+  // one step over the cached K/V with exact attention.
   std::vector<int> generate_greedy(const std::vector<int>& prompt, int new_tokens, bool stop_at_eos = true) const;
 
  private:
@@ -60,13 +73,10 @@ class Qwen3Model {
     std::vector<float> w_gate_up;              // gate then up: [2 intermediate][hidden]
     std::vector<float> w_down;                 // [hidden][intermediate]
   };
-  struct KvCache;
-
-  // Runs tokens[0..L) at positions pos0.. . With a cache, K/V are appended to it and the
-  // attention is exact over the cache; otherwise `attend` gets this chunk alone (pos0 = 0).
-  // Returns logits for every row, or for the last row only when `last_only`.
-  std::vector<float> run(const int* tokens, int L, int pos0, KvCache* cache, const AttentionFn* attend,
-                         Capture* capture, bool last_only) const;
+  // Runs tokens[0..L) at positions prefix->length.. (0 without a prefix). Returns logits
+  // for every row, or for the last row only when `last_only`.
+  std::vector<float> run(const int* tokens, int L, const KvState* prefix, const AttentionFn& attend,
+                         Capture* capture, KvState* state, bool last_only) const;
 
   Qwen3Config config_;
   std::vector<float> embed_;       // [vocab][hidden]

@@ -376,16 +376,18 @@ HeadSequence::HeadSequence(const float* k, const float* v, int n, int d, const R
   k_bf16_.resize(k_t_.size());
   v_bf16_.resize(v_.size());
   for (size_t i = 0; i < k_t_.size(); ++i) {
-    // Non-finite values are stored as 0 in the BF16 slot too.
+    // Non-finite values are stored as 0 in the BF16 slot (and so in pages); one count per
+    // element of K' and V.
     const float kx = is_finite(k_t_[i]) ? k_t_[i] : 0.0f, vx = is_finite(v_[i]) ? v_[i] : 0.0f;
     if (!is_finite(k_t_[i]) || !is_finite(v_[i])) ++nonfinite_;
     k_bf16_[i] = exact ? kx : round_bf16(kx);
     v_bf16_[i] = exact ? vx : round_bf16(vx);
   }
   if (r.fp4() || r.kv == KvFormat::fp8) {
-    nonfinite_ = 0;  // counted by the page quantizer instead
+    // Pages are quantized from the values as the BF16 slot holds them, as the GPU cache
+    // does: every path into a page (prefill, promotion, re-quantization) then agrees.
     for (int p = 0; p < n / P; ++p)
-      pages_.push_back(quantize_page(&k_t_[size_t(p) * P * d], &v_[size_t(p) * P * d], P, d, r, &nonfinite_));
+      pages_.push_back(quantize_page(&k_bf16_[size_t(p) * P * d], &v_bf16_[size_t(p) * P * d], P, d, r));
   }
 }
 
@@ -400,7 +402,8 @@ void HeadSequence::view(int n_tokens, View& out) const {
   out.view.mu_k = mu_.empty() ? nullptr : mu_.data();
   for (int p = 0; p < L.quant_pages; ++p) {
     if (p == L.quant_pages - 1 && L.last_page_tokens < P) {
-      out.partial = quantize_page(&k_t_[size_t(p) * P * d_], &v_[size_t(p) * P * d_], L.last_page_tokens, d_, recipe_);
+      out.partial = quantize_page(&k_bf16_[size_t(p) * P * d_], &v_bf16_[size_t(p) * P * d_], L.last_page_tokens, d_,
+                                  recipe_);
       out.view.pages.push_back(&out.partial);
     } else {
       out.view.pages.push_back(&pages_[p]);

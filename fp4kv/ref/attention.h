@@ -86,9 +86,9 @@ class HeadSequence {
  private:
   int n_, d_;
   Recipe recipe_;
-  std::vector<float> k_t_, v_;           // transformed keys and values, float
+  std::vector<float> k_t_, v_;           // transformed keys and values, float (as given)
   std::vector<float> k_bf16_, v_bf16_;   // as stored in the BF16 slot
-  std::vector<QuantPage> pages_;         // full pages
+  std::vector<QuantPage> pages_;         // full pages, quantized from the BF16 copies
   std::vector<float> mu_;                // empty when not smoothing
   long nonfinite_ = 0;
 };

@@ -177,9 +177,11 @@ TEST(Qwen3Tiny, ForwardMatchesNaiveDouble) {
   std::vector<int> tokens;
   for (int t = 0; t < 29; ++t) tokens.push_back((t * 7 + 3) % 40);
   int calls = 0;
-  const AttentionFn counting = [&](int layer, const float* q, const float* k, const float* v, int L, float* out) {
+  const AttentionFn counting = [&](int layer, const float* q, const float* k, const float* v, int nq, int n,
+                                   float* out) {
     EXPECT_EQ(layer, calls++);
-    exact_causal_attention(q, k, v, 4, 2, L, 8, out);
+    EXPECT_EQ(nq, n);
+    exact_causal_attention(q, k, v, 4, 2, n, 8, out);
   };
   const std::vector<float> logits = m.forward(tokens, counting);
   EXPECT_EQ(calls, 2);
@@ -190,6 +192,28 @@ TEST(Qwen3Tiny, ForwardMatchesNaiveDouble) {
 
   expect_error([&] { m.forward({1, 2, 40}); }, {"token 40", "position 2", "vocabulary"});
   expect_error([&] { m.forward({}); }, {"empty"});
+}
+
+TEST(Qwen3Tiny, ExtendingAPrefixEqualsOneForward) {
+  TempDir dir;
+  const json c = small_config();
+  write_checkpoint(dir.str(), c, qwen3_tensors(c, 5));
+  const Qwen3Model m = Qwen3Model::load(dir.str());
+  std::vector<int> tokens;
+  for (int t = 0; t < 37; ++t) tokens.push_back((t * 5 + 1) % 40);
+  const std::vector<float> full = m.forward(tokens);
+  KvState state;
+  const std::vector<int> head(tokens.begin(), tokens.begin() + 20), mid(tokens.begin() + 20, tokens.begin() + 30),
+      tail(tokens.begin() + 30, tokens.end());
+  std::vector<float> got = m.forward(head, m.exact_attention(), nullptr, &state);
+  EXPECT_EQ(state.length, 20);
+  const std::vector<float> b = m.extend(state, mid, m.exact_attention(), &state);  // state aliases prefix
+  EXPECT_EQ(state.length, 30);
+  const std::vector<float> e = m.extend(state, tail, m.exact_attention());
+  got.insert(got.end(), b.begin(), b.end());
+  got.insert(got.end(), e.begin(), e.end());
+  ASSERT_EQ(got.size(), full.size());
+  EXPECT_LT(rel_error(got, std::vector<double>(full.begin(), full.end())), 1e-6);
 }
 
 TEST(Qwen3Tiny, GreedyMatchesFullForward) {

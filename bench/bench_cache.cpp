@@ -1,0 +1,163 @@
+// Timing of the cache work (issue 4, "Performance"): prefill-write per 1K tokens and the
+// cache part of a decode step (control + append for every layer + promotion) at batch 1,
+// 16, 64, Qwen3-4B shapes (36 layers, 8 KV heads, d = 128). CUDA events; the decode step
+// is a captured CUDA graph, replayed with the sequence lengths advancing every step.
+//   usage: fp4kv_cache_bench [recipe=nvfp4] [context=1000]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp4kv/cache/kv_cache.h"
+
+using namespace fp4kv;
+using namespace fp4kv::cache;
+
+namespace {
+
+void ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+float* random_device(size_t n, unsigned seed) {
+  std::vector<float> h(n);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& x : h) x = nd(rng);
+  float* d = nullptr;
+  ok(cudaMalloc((void**)&d, n * sizeof(float)), "malloc");
+  ok(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy");
+  return d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string spec = argc > 1 ? argv[1] : "nvfp4";
+  const int context = argc > 2 ? std::stoi(argv[2]) : 1000;
+  const int L = 36, H = 8, d = 128, max_pages = (context + 256) / 128 + 1;
+  const Recipe recipe = parse_recipe(spec);
+  cudaStream_t s;
+  ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  cudaEvent_t e0, e1;
+  ok(cudaEventCreate(&e0), "event");
+  ok(cudaEventCreate(&e1), "event");
+  std::printf("recipe %s, %d layers, %d KV heads, d %d\n", recipe.name.c_str(), L, H, d);
+
+  // ---- prefill: 1024-token chunks, all layers ----
+  {
+    KvCacheConfig c;
+    c.layers = L;
+    c.kv_heads = H;
+    c.head_dim = d;
+    c.num_blocks = 8 * 8;
+    c.max_slots = 8;
+    c.max_batch = 1;
+    c.max_pages = 8;
+    KvCache cache(c, recipe);
+    const int n = 1024;
+    float* k = random_device(size_t(n) * H * d, 1);
+    float* v = random_device(size_t(n) * H * d, 2);
+    std::vector<int32_t> rows(64);
+    for (int i = 0; i < 64; ++i) rows[i] = i;
+    int32_t* drows = nullptr;
+    ok(cudaMalloc((void**)&drows, rows.size() * 4), "malloc");
+    ok(cudaMemcpy(drows, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice), "copy");
+    std::vector<float> times;
+    for (int rep = 0; rep < 12; ++rep) {
+      const int r = rep % 8;  // request r owns blocks 8r .. 8r+7
+      ok(cudaEventRecord(e0, s), "record");
+      cache.begin_prefill(drows + 8 * r, 0, n, s);
+      for (int l = 0; l < L; ++l) cache.prefill(l, k, v, s);
+      ok(cudaEventRecord(e1, s), "record");
+      ok(cudaEventSynchronize(e1), "sync");
+      float ms = 0;
+      ok(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+      if (rep >= 2) times.push_back(ms);
+      cache.release(rows[8 * r], s);
+    }
+    std::sort(times.begin(), times.end());
+    std::printf("prefill write, 1024 tokens x %d layers: median %.1f us (%.2f us per layer)\n", L,
+                1e3 * times[times.size() / 2], 1e3 * times[times.size() / 2] / L);
+    cudaFree(k);
+    cudaFree(v);
+    cudaFree(drows);
+  }
+
+  // ---- decode steps ----
+  for (int batch : {1, 16, 64}) {
+    KvCacheConfig c;
+    c.layers = L;
+    c.kv_heads = H;
+    c.head_dim = d;
+    c.num_blocks = batch * max_pages;
+    c.max_slots = batch;
+    c.max_batch = batch;
+    c.max_pages = max_pages;
+    KvCache cache(c, recipe);
+    std::vector<int32_t> bt(size_t(batch) * max_pages);
+    for (size_t i = 0; i < bt.size(); ++i) bt[i] = int32_t(i);
+    int32_t *dbt = nullptr, *dsl = nullptr, *hsl = nullptr;
+    ok(cudaMalloc((void**)&dbt, bt.size() * 4), "malloc");
+    ok(cudaMalloc((void**)&dsl, batch * 4), "malloc");
+    ok(cudaMallocHost((void**)&hsl, batch * 4), "malloc host");
+    ok(cudaMemcpy(dbt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice), "copy");
+    // Prefill every row to `context` tokens (lengths staggered by row when asked).
+    float* pk = random_device(size_t(context) * H * d, 3);
+    float* pv = random_device(size_t(context) * H * d, 4);
+    for (int r = 0; r < batch; ++r)
+      for (int l = 0; l < L; ++l) cache.prefill(l, dbt + r * max_pages, 0, context, pk, pv, s);
+    std::vector<float*> k(L), v(L);
+    for (int l = 0; l < L; ++l) {
+      k[l] = random_device(size_t(batch) * H * d, 10 + l);
+      v[l] = random_device(size_t(batch) * H * d, 100 + l);
+    }
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
+    cache.begin_step(dbt, dsl, batch, max_pages, s);
+    for (int l = 0; l < L; ++l) cache.append(l, k[l], v[l], s);
+    cache.end_step(s);
+    ok(cudaStreamEndCapture(s, &graph), "capture");
+    ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    // Lock-step lengths context+1, ...: every row promotes in the same step once per 128.
+    std::vector<float> plain, promoting;
+    for (int step = 0; step < 200; ++step) {
+      const int n = context + 1 + step;
+      for (int r = 0; r < batch; ++r) hsl[r] = n;
+      ok(cudaMemcpyAsync(dsl, hsl, batch * 4, cudaMemcpyHostToDevice, s), "lens");
+      ok(cudaEventRecord(e0, s), "record");
+      ok(cudaGraphLaunch(exec, s), "graph");
+      ok(cudaEventRecord(e1, s), "record");
+      ok(cudaEventSynchronize(e1), "sync");
+      float ms = 0;
+      ok(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+      if (step >= 3) (n % 128 == 0 ? promoting : plain).push_back(ms);
+    }
+    std::sort(plain.begin(), plain.end());
+    std::sort(promoting.begin(), promoting.end());
+    const float med = plain.empty() ? 0 : plain[plain.size() / 2];
+    const float pro = promoting.empty() ? 0 : promoting[promoting.size() / 2];
+    std::printf("decode step cache work, batch %2d: median %.1f us (control + %d appends + promotion check); "
+                "step that promotes every row: %.1f us; amortized %.1f us/step; flags %d\n",
+                batch, 1e3 * med, L, 1e3 * pro, 1e3 * (med * 127 + pro) / 128, cache.error_flags());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    for (int l = 0; l < L; ++l) {
+      cudaFree(k[l]);
+      cudaFree(v[l]);
+    }
+    cudaFree(pk);
+    cudaFree(pv);
+    cudaFree(dbt);
+    cudaFree(dsl);
+    cudaFreeHost(hsl);
+  }
+  return 0;
+}

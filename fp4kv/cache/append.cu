@@ -1,0 +1,137 @@
+// BF16 rows: one CTA of two warps per (token, KV head); warp 0 writes K' (transformed),
+// warp 1 writes V. Quantized formats write the slot's sink/recent rows; the BF16 format
+// writes the row straight into its pool block (a BF16 page). Used by prefill (the chunk's
+// sink tokens and its last 128 tokens) and by the decode append (one token per row).
+#include "fp4kv/cache/device_common.cuh"
+#include "fp4kv/core/error.h"
+
+namespace fp4kv::cache::detail {
+namespace {
+
+enum class RowMode { prefill, append };
+
+struct RowKernelArgs {
+  CacheDims dims;
+  CacheMem mem;
+  RowMode mode = RowMode::prefill;
+  PrefillArgs prefill;
+  int sink_rows = 0;  // prefill: the chunk's tokens [first, first + sink_rows) go to sink rows
+  int recent_lo = 0;  // prefill: tokens [recent_lo, end) go to recent rows (or the BF16 pool)
+  int count_from = 0; // prefill: tokens >= count_from are counted here (the others by the page kernel)
+  StepArgs step;
+  StepPlan plan;
+};
+
+// BF16 pool row: token row t of a BF16 page (K or V part).
+__device__ __forceinline__ uint16_t* bf16_pool_row(const CacheDims& dims, const CacheMem& mem, int layer, int block,
+                                                   int head, int kv, int t) {
+  uint8_t* base = block_head(dims, mem, layer, block, head);
+  const PageLayout& L = dims.layout;
+  return reinterpret_cast<uint16_t*>(base + (kv == 0 ? bf16_k_offset(L, t, 0) : bf16_v_offset(L, t, 0)));
+}
+
+template <int D>
+__global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
+  constexpr int E = D / 32;
+  const CacheDims& dims = a.dims;
+  const int kv = threadIdx.x / 32, lane = threadIdx.x % 32, head = blockIdx.y;
+  const bool is_key = kv == 0;
+  int layer, pos, slot = -1, block = -1;
+  const float* input;
+  bool to_sink = false, count = true;
+  if (a.mode == RowMode::append) {
+    if (*a.mem.error_flags != 0) return;  // uniform: nothing writes the flags during this kernel
+    const int row = blockIdx.x;
+    layer = a.step.layer;
+    pos = a.step.seq_lens[row] - 1;
+    input = (is_key ? a.step.k : a.step.v) + (static_cast<long long>(row) * dims.heads + head) * D;
+    if (dims.quantized()) {
+      slot = a.plan.row_slot[row];
+      to_sink = dims.sink && pos < kSinkTokens;
+    } else {
+      block = a.step.block_tables[static_cast<long long>(row) * a.step.max_pages + pos / kPage];
+    }
+  } else {
+    layer = a.prefill.layer;
+    if (blockIdx.x < a.sink_rows) {  // sink copy (the token is counted where its recent row or page is written)
+      pos = a.prefill.first + blockIdx.x;
+      to_sink = true;
+      count = false;
+    } else {
+      pos = a.recent_lo + (blockIdx.x - a.sink_rows);
+      count = pos >= a.count_from;
+    }
+    input = (is_key ? a.prefill.k : a.prefill.v) + (static_cast<long long>(pos - a.prefill.first) * dims.heads + head) * D;
+    if (dims.quantized()) {
+      slot = *a.mem.prefill_slot;
+      if (slot < 0) return;
+    } else {
+      block = a.prefill.block_row[pos / kPage];
+      if (block < 0 || block >= dims.num_blocks) {
+        if (threadIdx.x == 0) atomicOr(a.mem.error_flags, kErrorBadSequence);
+        return;
+      }
+    }
+  }
+  uint16_t v[E];
+  int bad = 0;
+  cache_row<D>(input, is_key ? mu_row(dims, a.mem, layer, head) : nullptr, is_key, dims.smooth, dims.rotate, lane, v,
+               bad);
+  if (count) flush_nonfinite(a.mem.nonfinite, bad);
+  if (dims.quantized()) {
+    const int row = to_sink && a.mode == RowMode::prefill ? pos : kSinkTokens + pos % kPage;
+    store_bf16<E>(slot_row(dims, a.mem, layer, slot, head, kv, row) + lane * E, v);
+    if (to_sink && a.mode == RowMode::append)  // a decode token below 16 goes to both rows
+      store_bf16<E>(slot_row(dims, a.mem, layer, slot, head, kv, pos) + lane * E, v);
+  } else {
+    store_bf16<E>(bf16_pool_row(dims, a.mem, layer, block, head, kv, pos % kPage) + lane * E, v);
+  }
+}
+
+void launch(const RowKernelArgs& a, int rows, cudaStream_t stream) {
+  if (rows <= 0) return;
+  const dim3 grid(rows, a.dims.heads);
+  switch (a.dims.d) {
+    case 64: rows_kernel<64><<<grid, 64, 0, stream>>>(a); break;
+    case 128: rows_kernel<128><<<grid, 64, 0, stream>>>(a); break;
+    case 256: rows_kernel<256><<<grid, 64, 0, stream>>>(a); break;
+    default: throw Error("cache row kernel: unsupported head_dim " + std::to_string(a.dims.d));
+  }
+  const cudaError_t err = cudaGetLastError();
+  require(err == cudaSuccess, std::string("cache row kernel launch failed: ") + cudaGetErrorString(err));
+}
+
+}  // namespace
+
+void launch_prefill_rows(const CacheDims& dims, const CacheMem& mem, const PrefillArgs& args, cudaStream_t stream) {
+  RowKernelArgs a;
+  a.dims = dims;
+  a.mem = mem;
+  a.mode = RowMode::prefill;
+  a.prefill = args;
+  if (dims.quantized()) {
+    // Sink rows for the chunk's tokens below 16; recent rows for its last 128 tokens (so
+    // recent row r always holds the latest token = r mod 128, as after decode appends).
+    a.sink_rows = dims.sink ? std::max(0, std::min(args.end, kSinkTokens) - args.first) : 0;
+    a.recent_lo = std::max(args.first, args.end - kPage);
+    // Tokens of pages quantized by this chunk are counted by the page kernel.
+    a.count_from = dims.recent ? args.end / kPage * kPage : args.end;
+  } else {
+    a.recent_lo = args.first;  // every token goes to its BF16 page
+    a.count_from = args.first;
+  }
+  launch(a, a.sink_rows + (args.end - a.recent_lo), stream);
+}
+
+void launch_append(const CacheDims& dims, const CacheMem& mem, const StepPlan& plan, const StepArgs& step,
+                   cudaStream_t stream) {
+  RowKernelArgs a;
+  a.dims = dims;
+  a.mem = mem;
+  a.mode = RowMode::append;
+  a.step = step;
+  a.plan = plan;
+  launch(a, step.batch, stream);
+}
+
+}  // namespace fp4kv::cache::detail
