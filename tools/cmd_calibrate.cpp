@@ -49,6 +49,8 @@ Action add_calibrate(CLI::App& app) {
   sub->add_option("--model", a->model, "Hugging Face Qwen3 checkpoint directory")->capture_default_str();
   sub->add_option("--text", a->text, "text the seed prompts come from")->capture_default_str();
   sub->add_option("--context", a->opt.context, "tokens of the tiled calibration prefill")->capture_default_str();
+  sub->add_option("--continuation", a->opt.continuation, "greedy tokens generated after each seed prompt")
+      ->capture_default_str();
   sub->add_option("--out", a->out, "output file (default: <model>/fp4kv_calibration.json)");
   return [a] { return run_calibrate(*a); };
 }
