@@ -49,7 +49,9 @@ TEST(CliEval, BadInputIsAClearError) {
   expect_failure("eval --quiet --model " + kModel + " --configs nvfp4:no-dualq", "does not apply");
   expect_failure("eval --quiet --model " + kModel + " --baseline nvfp5", "unknown preset");
   expect_failure("eval --quiet --model " + kModel + " --context 100", "at least 256");
-  expect_failure("eval --quiet --model " + kModel + " --calibration " + (dir.path / "short.txt").string(), "malformed");
+  expect_failure("eval --quiet --model " + kModel + " --text " + kText + " --calibration " +
+                     (dir.path / "short.txt").string(),
+                 "malformed");
   expect_failure("calibrate --model " + (dir.path / "nope").string(), "does not exist");
 }
 

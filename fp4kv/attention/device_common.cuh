@@ -1,0 +1,141 @@
+// Device building blocks of the decode kernels: MMA, ldmatrix, cp.async, shuffles, and
+// the argument block the host fills.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "fp4kv/cache/layout.h"
+#include "fp4kv/cache/step_plan.h"
+
+namespace fp4kv::attention::detail {
+
+inline constexpr int kThreads = 128;  // 4 warps per CTA
+inline constexpr int kWarps = 4;
+
+enum Fmt : int { kNv = 0, kMx = 1, kFp8 = 2, kBf16 = 3 };
+
+// Query/probability handling, chosen at run time (uniform per launch).
+enum QMode : int { kQHalf = 0, kQFp4 = 1, kQDual = 2, kQBf16 = 3 };
+enum PMode : int { kPHalf = 0, kPNvMax6 = 1, kPNvUnderflow = 2, kPMx = 3, kPBf16 = 4 };
+
+struct KernelArgs {
+  const uint8_t* pool;
+  long long block_stride;
+  int head_bytes;  // layout.bytes
+  int kv_heads, q_heads, G;
+  const uint16_t* slot_buffer;
+  int slots;
+  const float* q;
+  const int32_t* block_tables;
+  const int32_t* seq_lens;
+  int batch, max_pages;
+  const int32_t* row_slot;
+  const int32_t* row_splits;
+  const int32_t* row_pps;
+  const int32_t* error_flags;
+  const int32_t* num_rows;  // [1] or null: rows >= *num_rows have no work
+  int max_splits;
+  float* part_o;    // [batch][q_heads][max_splits + 1][d]
+  float* part_lse;  // [batch][q_heads][max_splits + 1]
+  int qmode, pmode;
+  int rotate, sink, recent;  // recipe switches (bf16_sink, bf16_recent)
+  float log2c, tau, gamma;
+};
+
+struct CombineArgs {
+  int batch, q_heads, G, kv_format, sink, recent;
+  const int32_t* seq_lens;
+  const int32_t* row_splits;
+  const int32_t* row_pps;
+  const int32_t* error_flags;
+  const int32_t* num_rows;
+  int max_splits;
+  const float* part_o;
+  const float* part_lse;
+  const float* q;
+  const float* mu_k;  // [kv_heads][d] or null (only when the recipe smooths keys)
+  float* out;
+  float* lse;
+};
+
+// Launchers, defined in decode_kernel.cuh and explicitly instantiated in decode_<fmt>_d<D>.cu.
+template <int FMT, int D, int T, int NT>
+void launch_decode(const KernelArgs& a, cudaStream_t stream);
+template <int D>
+void launch_combine(const CombineArgs& a, cudaStream_t stream);
+
+// ---- PTX wrappers ------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 writes zeros.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes = 16) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// D = A * B + C, m16n8k16, FP16 inputs, FP32 accumulate.
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// Two E4M3 bytes (low byte -> low half) to half2 bits; exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_half2_bits(uint32_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+__device__ __forceinline__ uint32_t half_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+__device__ __forceinline__ uint32_t bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+
+__device__ __forceinline__ float warp_max_xor(float v, int from) {
+  for (int o = from; o < 32; o *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum_xor(float v, int from) {
+  for (int o = from; o < 32; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+}  // namespace fp4kv::attention::detail

@@ -1,0 +1,82 @@
+// Register-level pieces of the decode kernels that do not need a GPU to be checked: how a
+// lane's cache words become FP16 MMA operands (FP4 expansion trick, E4M3/E8M0 block
+// scales as FP16), where the kernels place a page's 16-byte chunks in shared memory, and
+// which (row, column) each fragment register holds. Host and device, so the CPU tests
+// (tests/attention/test_fragment.cpp) replay a lane's view of a packed page exactly.
+#pragma once
+
+#include <cstdint>
+
+#include "fp4kv/cache/layout.h"
+#include "fp4kv/core/host_device.h"
+#include "fp4kv/core/minifloat.h"
+
+namespace fp4kv::attention {
+
+// ---- FP4 expansion -------------------------------------------------------------------
+// x holds two E2M1 nibbles at bits 0-3 and 16-19 (other bits ignored). Returns the half2
+// bit pattern whose halves are value * 2^-14 of those nibbles: s e1 e0 m -> FP16 bits
+// (s << 15) | (e1 e0 m << 9). Exact: 0.5 becomes the subnormal 2^-15, 1..6 are normal.
+FP4KV_HD uint32_t fp4x2_to_half2_bits(uint32_t x) {
+  return ((x & 0x00080008u) << 12) | ((x & 0x00070007u) << 9);
+}
+
+// Register r (0..3) of the A fragment of one 16 x 16 tile from the lane's 32-bit FP4 word:
+// low half from nibble slot r, high half from nibble slot r + 4 (layout.h).
+FP4KV_HD uint32_t fp4_word_to_a_reg_bits(uint32_t word, int r) { return fp4x2_to_half2_bits(word >> (4 * r)); }
+
+// FP16 bits of 2^k: normal for k in [-14, 15], subnormal for [-24, -15], 0 below.
+FP4KV_HD uint32_t half_pow2_bits(int k) {
+  if (k > 15) return 0x7c00u;  // cannot happen for layout-conforming pages
+  if (k >= -14) return uint32_t(k + 15) << 10;
+  if (k >= -24) return 1u << (k + 24);
+  return 0u;
+}
+
+// The power-of-two exponent of an MXFP4 page scale (a power of two, possibly subnormal).
+FP4KV_HD int pow2_exponent(float page_scale) { return floor_log2(page_scale); }
+
+// FP16 factor of an MXFP4 block scale code relative to the page scale 2^pe: 2^(e - 127 - pe).
+FP4KV_HD uint32_t mx_scale_half_bits(uint32_t code, int pe) { return half_pow2_bits(int(code) - kE8M0Bias - pe); }
+
+// ---- Shared-memory placement of fragment-ordered code arrays ----------------------------
+// A code array holds row groups of 32 lanes x W bytes (W = words of one lane over all
+// k-steps). It is copied in 16-byte chunks; chunk `part` of lane `lane` of row group `rg`
+// is placed at ((rg * CPL + part) * 32 + lane) * 16, CPL = W / 16, so a warp reading one
+// part of all its lanes reads 512 contiguous bytes (no bank conflicts).
+FP4KV_HD constexpr int swizzled_chunk(int chunk, int cpl) {
+  const int rg = chunk / (32 * cpl), rem = chunk % (32 * cpl);
+  const int lane = rem / cpl, part = rem % cpl;
+  return (rg * cpl + part) * 32 + lane;
+}
+
+// Byte offset (in the stage) of 16-byte part `part` of lane `lane` of row group `rg`.
+FP4KV_HD constexpr int code_part_offset(int rg, int part, int lane, int cpl) { return ((rg * cpl + part) * 32 + lane) * 16; }
+// Byte offset (from the scale array) of the scales of rows (rg*16 + lane/4, + 8) for all
+// `blocks` column blocks: 2 * blocks consecutive bytes, block b at 2b (row r) and 2b + 1 (r + 8).
+FP4KV_HD constexpr int scale_row_offset(int rg, int lane, int blocks) { return (rg * 8 + lane / 4) * 2 * blocks; }
+
+// The query operand Q^T (B of S^T = K Q^T, k = channel, n = column) in shared memory in
+// fragment order: half index of (column col, channel c) with NT n-tiles.
+FP4KV_HD constexpr int qfrag_half_index(int col, int c, int nt_count) {
+  return ((((c / 16) * nt_count + col / 8) * 32 + (col % 8) * 4 + (c % 8) / 2) * 2 + (c % 16) / 8) * 2 + c % 2;
+}
+// P^T (B of O^T = V^T P^T, k = key, n = head) lives as [head][key] halves with row stride
+// kPsStride; 32-bit word of register `reg` of lane `lane` for n-tile j and k-step ks.
+inline constexpr int kPsStride = kPageTokens + 8;
+FP4KV_HD constexpr int ps_word_index(int j, int lane, int ks, int reg) {
+  return ((j * 8 + lane / 4) * kPsStride + ks * 16 + 8 * reg) / 2 + lane % 4;
+}
+
+// Fragment positions (PTX ISA, mma.m16n8k16 with 16-bit operands).
+// A (16 x 16, row-major): register r of lane l holds (row, col) and (row, col + 1) with
+FP4KV_HD constexpr int a_frag_row(int lane, int r) { return lane / 4 + 8 * (r % 2); }
+FP4KV_HD constexpr int a_frag_col(int lane, int r) { return 2 * (lane % 4) + 8 * (r / 2); }
+// B (16 x 8, "col"): register r of lane l holds (k, n) and (k + 1, n).
+FP4KV_HD constexpr int b_frag_k(int lane, int r) { return 2 * (lane % 4) + 8 * r; }
+FP4KV_HD constexpr int b_frag_n(int lane) { return lane / 4; }
+// C (16 x 8, FP32): element e of lane l is (row, col).
+FP4KV_HD constexpr int c_frag_row(int lane, int e) { return lane / 4 + 8 * (e / 2); }
+FP4KV_HD constexpr int c_frag_col(int lane, int e) { return 2 * (lane % 4) + e % 2; }
+
+}  // namespace fp4kv::attention

@@ -1,0 +1,195 @@
+// CPU replay of what each lane of the decode kernel reads from a page in shared memory:
+// the stage placement of the 16-byte chunks, the fragment words, the block-scale pairs and
+// the FP4 expansion trick must give exactly code * block scale at the (row, column) the
+// PTX fragment layout assigns to that register. Runs without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "fp4kv/attention/fragment.h"
+#include "fp4kv/cache/host_page.h"
+#include "fp4kv/core/half.h"
+#include "fp4kv/core/minifloat.h"
+#include "fp4kv/ref/quant_page.h"
+
+namespace fp4kv::attention {
+namespace {
+
+using cache::PageLayout;
+
+std::vector<float> randn(size_t n, unsigned seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> x(n);
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+float half_value(uint32_t bits) { return fp16_bits_to_float(uint16_t(bits & 0xFFFFu)); }
+// mul.rn.f16x2 on one half: the product of two FP16 values rounded to FP16.
+float hmul(float a, float b) { return round_fp16(a * b); }
+
+uint32_t load_u32(const std::vector<uint8_t>& s, int off) {
+  uint32_t w;
+  std::memcpy(&w, s.data() + off, 4);
+  return w;
+}
+
+// The kernel's load_page for FP4/FP8 pages: code arrays re-ordered by swizzled_chunk, the
+// rest copied as is.
+std::vector<uint8_t> stage_of(const std::vector<uint8_t>& page, const PageLayout& l, int kcpl, int vcpl) {
+  std::vector<uint8_t> st(page.size(), 0xEE);
+  const int code_bytes = l.format == KvFormat::fp8 ? kPageTokens * l.head_dim : kPageTokens * l.head_dim / 2;
+  for (int c = 0; c < code_bytes / 16; ++c) {
+    std::memcpy(&st[l.k_codes + swizzled_chunk(c, kcpl) * 16], &page[l.k_codes + c * 16], 16);
+    std::memcpy(&st[l.v_codes + swizzled_chunk(c, vcpl) * 16], &page[l.v_codes + c * 16], 16);
+  }
+  if (l.format != KvFormat::fp8) {
+    const int sb = kPageTokens * (l.head_dim / l.block);
+    std::memcpy(&st[l.k_scales], &page[l.k_scales], sb);
+    std::memcpy(&st[l.v_scales], &page[l.v_scales], sb);
+  }
+  std::memcpy(&st[l.page_scales], &page[l.page_scales], 16);
+  return st;
+}
+
+TEST(Fragment, Fp4ExpansionIsValueTimes2PowMinus14) {
+  for (uint32_t lo = 0; lo < 16; ++lo)
+    for (uint32_t hi = 0; hi < 16; ++hi) {
+      const uint32_t h2 = fp4x2_to_half2_bits(lo | (hi << 16) | 0xFFF0FFF0u);  // junk bits ignored
+      EXPECT_EQ(half_value(h2), e2m1_value(uint8_t(lo)) * pow2f(-14)) << lo;
+      EXPECT_EQ(half_value(h2 >> 16), e2m1_value(uint8_t(hi)) * pow2f(-14)) << hi;
+      EXPECT_EQ((h2 & 0x8000u) != 0, (lo & 8u) != 0);
+    }
+}
+
+TEST(Fragment, HalfPow2) {
+  for (int k = -30; k <= 15; ++k) {
+    const float want = k < -24 ? 0.0f : pow2f(k);
+    EXPECT_EQ(half_value(half_pow2_bits(k)), want) << k;
+  }
+}
+
+// Every lane's K and V fragments of a packed page, expanded as the kernel does.
+void check_page(KvFormat f, int d, bool search) {
+  Recipe r = parse_recipe(f == KvFormat::nvfp4 ? "nvfp4" : f == KvFormat::mxfp4 ? "mxfp4" : "fp8");
+  r.key_search = search;
+  const auto k = randn(size_t(kPageTokens) * d, 11 + d, 3.0f), v = randn(size_t(kPageTokens) * d, 12 + d, 1.0f);
+  const ref::QuantPage p = ref::quantize_page(k.data(), v.data(), kPageTokens, d, r);
+  const PageLayout l = PageLayout::make(f, d);
+  std::vector<uint8_t> bytes(l.bytes);
+  cache::pack_page(p, l, bytes.data());
+  const bool fp4 = f != KvFormat::fp8;
+  const int KS = d / 16;
+  const int kcpl = (fp4 ? KS * 4 : KS * 8) / 16, vcpl = (fp4 ? 32 : 64) / 16;
+  const auto st = stage_of(bytes, l, kcpl, vcpl);
+  float ps[2];
+  std::memcpy(ps, &st[l.page_scales], 8);
+  const int pek = f == KvFormat::mxfp4 ? pow2_exponent(ps[0]) : 0, pev = f == KvFormat::mxfp4 ? pow2_exponent(ps[1]) : 0;
+  const float unit_k = fp4 ? (f == KvFormat::mxfp4 ? ps[0] : 1.0f) * pow2f(14) : 1.0f;
+  const float unit_v = fp4 ? (f == KvFormat::mxfp4 ? ps[1] : 1.0f) * pow2f(14) : 1.0f;
+
+  // Registers of the A fragment of tile (rg, ks) of a code array with `cpl` parts per lane.
+  auto a_regs = [&](int codes_off, int scales_off, int blocks, int cpl, int rg, int lane, int ks, int pe,
+                    float out[4][2]) {
+    if (fp4) {
+      const int per_part = 4;
+      const uint32_t word = load_u32(st, codes_off + code_part_offset(rg, ks / per_part, lane, cpl) + (ks % per_part) * 4);
+      const int blk = l.format == KvFormat::nvfp4 ? ks : ks / 2;
+      const int so = scales_off + scale_row_offset(rg, lane, blocks) + 2 * blk;
+      float sc[2];
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t code = st[so + h];
+        sc[h] = l.format == KvFormat::nvfp4 ? round_fp16(e4m3_value(code)) : half_value(mx_scale_half_bits(code, pe));
+      }
+      for (int reg = 0; reg < 4; ++reg) {
+        const uint32_t h2 = fp4_word_to_a_reg_bits(word, reg);
+        out[reg][0] = hmul(half_value(h2), sc[reg % 2]);
+        out[reg][1] = hmul(half_value(h2 >> 16), sc[reg % 2]);
+      }
+    } else {
+      const int off = codes_off + code_part_offset(rg, ks / 2, lane, cpl) + (ks % 2) * 8;
+      for (int reg = 0; reg < 4; ++reg) {
+        out[reg][0] = round_fp16(e4m3_value(st[off + 2 * reg]));
+        out[reg][1] = round_fp16(e4m3_value(st[off + 2 * reg + 1]));
+      }
+    }
+  };
+  const int kblocks = fp4 ? d / l.block : 0, vblocks = fp4 ? kPageTokens / l.block : 0;
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int kg = 0; kg < kPageTokens / 16; ++kg)
+      for (int ks = 0; ks < KS; ++ks) {
+        float a[4][2];
+        a_regs(l.k_codes, l.k_scales, kblocks, kcpl, kg, lane, ks, pek, a);
+        for (int reg = 0; reg < 4; ++reg)
+          for (int e = 0; e < 2; ++e) {
+            const int t = kg * 16 + a_frag_row(lane, reg), c = ks * 16 + a_frag_col(lane, reg) + e;
+            ASSERT_EQ(a[reg][e] * unit_k, p.k_expanded(t, c) * (fp4 ? 1.0f : 1.0f))
+                << to_string(f) << " d=" << d << " K t=" << t << " c=" << c;
+          }
+      }
+    for (int cg = 0; cg < d / 16; ++cg)
+      for (int ks = 0; ks < 8; ++ks) {
+        float a[4][2];
+        a_regs(l.v_codes, l.v_scales, vblocks, vcpl, cg, lane, ks, pev, a);
+        for (int reg = 0; reg < 4; ++reg)
+          for (int e = 0; e < 2; ++e) {
+            const int c = cg * 16 + a_frag_row(lane, reg), t = ks * 16 + a_frag_col(lane, reg) + e;
+            ASSERT_EQ(a[reg][e] * unit_v, p.v_expanded(t, c)) << to_string(f) << " d=" << d << " V t=" << t << " c=" << c;
+          }
+      }
+  }
+}
+
+TEST(Fragment, LaneViewOfPackedPagesMatchesExpandedValues) {
+  for (int d : {64, 128, 256}) {
+    check_page(KvFormat::nvfp4, d, true);
+    check_page(KvFormat::mxfp4, d, true);
+    check_page(KvFormat::fp8, d, false);
+  }
+}
+
+TEST(Fragment, StageChunkPlacementIsAPermutation) {
+  for (int cpl : {1, 2, 4, 8}) {
+    std::set<int> seen;
+    for (int c = 0; c < 8 * 32 * cpl; ++c) seen.insert(swizzled_chunk(c, cpl));
+    EXPECT_EQ(int(seen.size()), 8 * 32 * cpl);
+    EXPECT_EQ(*seen.rbegin(), 8 * 32 * cpl - 1);
+  }
+}
+
+TEST(Fragment, QueryOperandIsTheBFragment) {
+  for (int NT : {1, 2, 4})
+    for (int d : {64, 128, 256}) {
+      std::set<int> seen;
+      for (int col = 0; col < 8 * NT; ++col)
+        for (int c = 0; c < d; ++c) seen.insert(qfrag_half_index(col, c, NT));
+      ASSERT_EQ(int(seen.size()), 8 * NT * d);
+      // lane `lane` reads uint2 number (ks * NT + nt) * 32 + lane: halves 4 * that + 2 reg + e
+      for (int ks = 0; ks < d / 16; ++ks)
+        for (int nt = 0; nt < NT; ++nt)
+          for (int lane = 0; lane < 32; ++lane)
+            for (int reg = 0; reg < 2; ++reg)
+              for (int e = 0; e < 2; ++e) {
+                const int k = ks * 16 + b_frag_k(lane, reg) + e, n = nt * 8 + b_frag_n(lane);
+                ASSERT_EQ(qfrag_half_index(n, k, NT), (((ks * NT + nt) * 32 + lane) * 2 + reg) * 2 + e);
+              }
+    }
+}
+
+TEST(Fragment, ProbabilityOperandIsTheBFragment) {
+  for (int j = 0; j < 2; ++j)
+    for (int ks = 0; ks < 8; ++ks)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int reg = 0; reg < 2; ++reg) {
+          const int w = ps_word_index(j, lane, ks, reg);
+          const int head = j * 8 + b_frag_n(lane), key = ks * 16 + b_frag_k(lane, reg);
+          EXPECT_EQ(2 * w, head * kPsStride + key);
+        }
+}
+
+}  // namespace
+}  // namespace fp4kv::attention
