@@ -3,6 +3,8 @@
 // which softmax ignores. Host and device; identical bits everywhere.
 #pragma once
 
+#include <cmath>
+
 #include "fp4kv/core/hadamard.h"
 #include "fp4kv/core/host_device.h"
 
@@ -31,5 +33,9 @@ FP4KV_HD float log2e_over_sqrt_d(int d) {
     default: return 0.0f;
   }
 }
+
+// The same for any head size, on the host (the CPU reference accepts any d without the
+// rotation); equal to the table above for the supported sizes.
+inline float log2e_over_sqrt_d_any(int d) { return float(1.4426950408889634 / std::sqrt(double(d))); }
 
 }  // namespace fp4kv

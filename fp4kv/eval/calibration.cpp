@@ -13,6 +13,7 @@
 #include "fp4kv/core/minifloat.h"
 #include "fp4kv/core/operand_quant.h"
 #include "fp4kv/core/recipe.h"
+#include "fp4kv/core/transform.h"
 #include "fp4kv/model/byte_tokenizer.h"
 
 namespace fp4kv::eval {
@@ -92,7 +93,7 @@ void accumulate_tau_errors(const float* q, int G, int nq, const float* k, int n,
   err_by_code.resize(kCodes, 0.0);
   std::vector<double> diff(kCodes + 1, 0.0);
   double base = 0.0;
-  const float gamma = float(1.4426950408889634 / std::sqrt(double(d)));
+  const float gamma = log2e_over_sqrt_d_any(d);
   std::vector<float> s(n), x(kNvfp4Block), taus(kCodes);
   for (int code = 0; code < kCodes; ++code) taus[code] = tau_of_code(code);
   for (int h = 0; h < G; ++h) {

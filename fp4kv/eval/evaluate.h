@@ -22,7 +22,7 @@ struct EvalOptions {
   std::vector<Recipe> configs;
   std::string reference = "bf16";
   std::string baseline = "nvfp4-native";
-  int retrieval_docs = 4;  // 0: no retrieval; every needle of a document is asked about
+  int retrieval_docs = 2;  // 0: no retrieval; every needle of a document is asked about
   int retrieval_context = 1024;
   unsigned seed = 1;
   bool progress = true;  // a progress line on stderr

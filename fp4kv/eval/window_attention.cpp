@@ -9,6 +9,7 @@
 
 #include "fp4kv/core/decode_layout.h"
 #include "fp4kv/core/error.h"
+#include "fp4kv/core/transform.h"
 #include "fp4kv/eval/parallel.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -20,8 +21,6 @@ namespace {
 
 constexpr int P = kPageTokens;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-float gamma_of(int d) { return float(1.4426950408889634 / std::sqrt(double(d))); }
 
 // C[m][n] = alpha * A[m][k] . B[n][k] (row-major, B transposed).
 void gemm_abt(int m, int n, int k, float alpha, const float* a, const float* b, float* c) {
@@ -58,7 +57,7 @@ void window_attention(const float* q, int G, int nq, const float* k, const float
   require(nq >= 1 && nq <= n, "window_attention: need 1 <= queries <= keys");
   const ref::HeadSequence seq(k, v, n, d, r, mu_k);  // transform, BF16 copies, full pages
   const bool quantized = r.fp4() || r.kv == KvFormat::fp8;
-  const float gamma = gamma_of(d);
+  const float gamma = log2e_over_sqrt_d_any(d);
   const float log2c = r.prob == ProbFormat::fp4_underflow ? std::log2(r.c) : 0.0f;
 
   // Dequantized full pages (value * g) and the queries as each product sees them.

@@ -18,8 +18,6 @@ namespace {
 constexpr int P = kPageTokens;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-float gamma_of(int d) { return float(1.4426950408889634 / std::sqrt(double(d))); }
-
 // The 16-bit operand type of mixed mode: FP16 for every format (MXFP4 pages expand to FP16
 // after a power-of-two shift per page; see docs/DESIGN.md).
 float round_operand(float x) { return round_fp16(x); }
@@ -311,7 +309,7 @@ AttentionOutput quantized_attention(const float* q, int G, const HeadCacheView& 
   require(bounds.front() == 0 && bounds.back() == L.quant_pages && std::is_sorted(bounds.begin(), bounds.end()),
           "split bounds must rise from 0 to the number of quantized pages");
 
-  const float gamma = gamma_of(d);
+  const float gamma = log2e_over_sqrt_d_any(d);
   const auto ops = make_query_operands(q, G, d, r);
   const float log2c = r.prob == ProbFormat::fp4_underflow ? std::log2(r.c) : 0.0f;
 
