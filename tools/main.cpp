@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   add(fp4kv::cli::add_eval);
   add(fp4kv::cli::add_calibrate);
   add(fp4kv::cli::add_quantize);
+#ifdef FP4KV_HAVE_CUDA
+  add(fp4kv::cli::add_bench);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -99,6 +99,47 @@ LaunchFn pick_d(int d, int T, int NT) {
   return nullptr;
 }
 
+using OccFn = int (*)(int);
+
+template <int FMT, int D>
+OccFn pick_occ_variant(int T, int NT) {
+  using namespace detail;
+  if (T == 1) {
+    if (NT == 1) return decode_occupancy<FMT, D, 1, 1>;
+    if (NT == 2) return decode_occupancy<FMT, D, 1, 2>;
+  } else if constexpr (FMT == kNv || FMT == kMx) {
+    if (NT == 1) return decode_occupancy<FMT, D, 2, 1>;
+    if (NT == 2) return decode_occupancy<FMT, D, 2, 2>;
+    if (NT == 4) return decode_occupancy<FMT, D, 2, 4>;
+  }
+  return nullptr;
+}
+
+template <int FMT>
+OccFn pick_occ_d(int d, int T, int NT) {
+  switch (d) {
+    case 64: return pick_occ_variant<FMT, 64>(T, NT);
+    case 128: return pick_occ_variant<FMT, 128>(T, NT);
+    case 256: return pick_occ_variant<FMT, 256>(T, NT);
+  }
+  return nullptr;
+}
+
+OccFn pick_occ(KvFormat f, int d, int T, int NT) {
+  switch (f) {
+    case KvFormat::nvfp4: return pick_occ_d<detail::kNv>(d, T, NT);
+    case KvFormat::mxfp4: return pick_occ_d<detail::kMx>(d, T, NT);
+    case KvFormat::fp8: return pick_occ_d<detail::kFp8>(d, T, NT);
+    case KvFormat::bf16: return pick_occ_d<detail::kBf16>(d, T, NT);
+    default: return nullptr;
+  }
+}
+
+int column_tiles(const Recipe& r, int G) {
+  const int cols = (r.query == QueryFormat::dual_fp4 ? 2 : 1) * G;
+  return cols <= 8 ? 1 : cols <= 16 ? 2 : 4;
+}
+
 LaunchFn pick(KvFormat f, int d, int T, int NT) {
   switch (f) {
     case KvFormat::nvfp4: return pick_d<detail::kNv>(d, T, NT);
@@ -110,6 +151,26 @@ LaunchFn pick(KvFormat f, int d, int T, int NT) {
 }
 
 }  // namespace
+
+int decode_ctas_per_sm(const DecodeParams& p, const Recipe& r) {
+  check_supported(p, r);
+  const int G = p.q_heads / p.kv_heads;
+  const OccFn fn = pick_occ(r.kv, p.head_dim, r.query == QueryFormat::dual_fp4 ? 2 : 1, column_tiles(r, G));
+  return fn ? fn(G) : 0;
+}
+
+int split_target_ctas(const DecodeParams& p, const Recipe& r, int batch, int sms) {
+  const int resident = std::max(1, decode_ctas_per_sm(p, r)) * sms;
+  // The BF16 sink/recent CTAs (one per row and head) are short but take a slot at first.
+  const int rows = batch * p.kv_heads;
+  // Whole splits per (row, head), so no split CTA is left for a second wave. The BF16
+  // sink/recent CTAs (one per row and head) are short: give them slots of their own only
+  // when that costs at most one split in eight.
+  const int extra = uses_slot_buffer(r) ? rows : 0;
+  int s = resident / rows;
+  if (s >= 8 && s * rows + extra > resident) s = (resident - extra) / rows;
+  return std::max(1, s) * rows;
+}
 
 void decode_attention(const DecodeParams& p, const Recipe& r, const float* q, const int32_t* block_tables,
                       const int32_t* seq_lens, int batch, int max_pages, const cache::StepPlan& plan,
@@ -127,8 +188,7 @@ void decode_attention(const DecodeParams& p, const Recipe& r, const float* q, co
 
   const int G = p.q_heads / p.kv_heads;
   const int T = r.query == QueryFormat::dual_fp4 ? 2 : 1;
-  const int cols = T * G;
-  const int NT = cols <= 8 ? 1 : cols <= 16 ? 2 : 4;
+  const int NT = column_tiles(r, G);
 
   KernelArgs a{};
   a.pool = p.pool;

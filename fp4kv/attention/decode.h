@@ -103,6 +103,14 @@ inline bool uses_slot_buffer(const Recipe& r) {
 // whole batch, at most max_splits per row.
 int choose_pages_per_split(int pages, int batch, int kv_heads, int max_splits, int target_ctas);
 
+// CTAs of the decode kernel that one SM holds at once for this geometry and recipe (from
+// the CUDA occupancy calculator; 0 if unknown).
+int decode_ctas_per_sm(const DecodeParams& params, const Recipe& recipe);
+// A split target for choose_pages_per_split / HostStepPlan::fill: as many split CTAs as
+// are resident at once (one wave), a whole number per (row, KV head), less the BF16
+// sink/recent CTAs' slots when there are many splits per row (used by `fp4kv bench`).
+int split_target_ctas(const DecodeParams& params, const Recipe& recipe, int batch, int sms);
+
 // A StepPlan filled on the host (what the control kernel computes on the device), with
 // the device arrays it points to. For tests and benchmarks.
 class HostStepPlan {

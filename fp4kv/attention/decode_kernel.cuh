@@ -1,23 +1,27 @@
 // The paged decode kernel (one template for NVFP4, MXFP4, FP8 and BF16 pages) and the
 // combine kernel. Included by the instantiation units decode_*.cu only.
 //
-// CTA = (split, KV head, batch row), 4 warps. Per page (= tile of 128 keys):
-//   S^T = K Q^T   warp w owns key groups 2w, 2w+1 (32 keys); A = K tile expanded from the
-//                 fragment-ordered page in registers; B = the query columns (FP16/BF16,
-//                 fragment-ordered in shared memory, built once in the prologue). T = 2
-//                 (native dual-residual): column 2h holds q1 of head h and 2h+1 its
-//                 residual q2, so one thread holds both terms of a head and joins them in
-//                 FP32 before the softmax (paper 4.2, interleaved rather than appended).
-//   softmax       block maxima (16 keys = one key group; 32 = one warp for MXFP4) and the
-//                 warp maximum by butterfly shuffles, tile maximum across the 4 warps
-//                 through shared memory; P quantized per block in registers; row sums use
-//                 the unquantized p.
-//   O^T = V^T P^T P^T goes through shared memory ([head][key] FP16, the transpose is the
-//                 store); warp w owns channel groups w*D/64 ... over all 128 keys; A = V^T
-//                 tile expanded from the page; per-page FP32 factors (v page scale, the
-//                 2^14 of the expansion trick, MXFP4 P shift) multiply the partial sums.
+// CTA = (split, KV head, batch row), 8 warps. Warp w owns key group w (keys 16w .. 16w + 15)
+// of every page, for both products, so the only CTA-wide exchange per page is the tile
+// maximum of the softmax:
+//   S^T = K Q^T   A = the warp's 16 x 16 K tiles expanded from the fragment-ordered page in
+//                 registers (FP4: 11 integer operations per 8 codes + one HMUL2 by the block
+//                 scale per half2); B = the query columns, held in registers (built once in
+//                 the prologue). T = 2 (native dual-residual): column 2h holds q1 of head h
+//                 and 2h+1 its residual q2, so one thread holds both terms of a head and
+//                 joins them in FP32 before the softmax (paper 4.2, interleaved).
+//   softmax       block maximum of the warp's 16 keys by shuffles (an NVFP4 P block; an
+//                 MXFP4 block is a warp pair), tile maximum over the 8 warps through shared
+//                 memory (one barrier per page, double-buffered); P quantized per block in
+//                 registers; row sums use the unquantized p.
+//   O^T += V^T P^T  A = V^T tiles of all channel groups for the warp's k-step (its 16
+//                 keys), B = P^T of the warp's own keys through a warp-private slice of
+//                 shared memory; every warp keeps the partial O of all channels; the 8
+//                 partials (same running maximum) are summed in warp order at the end.
 // Pages stream through NS shared-memory stages with cp.async (16-byte chunks, code arrays
-// re-ordered on the fly so each warp reads 512 contiguous bytes per fragment load).
+// re-ordered on the fly so each warp reads 512 contiguous bytes per 16-byte K load). With
+// NS >= 3 the one barrier per page also publishes the next page and frees the stage of the
+// previous one, so NS - 2 pages stay in flight while one is computed.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,7 +44,9 @@ constexpr KvFormat kv_format_of(int fmt) {
 inline constexpr int kMaxG = 16;
 inline constexpr int kBf16Rows = cache::kSlotRows;  // 144
 
-template <int FMT, int D, int NT>
+constexpr int cmax(int a, int b) { return a > b ? a : b; }
+
+template <int FMT, int D, int T, int NT>
 struct Geo {
   static constexpr cache::PageLayout L = cache::PageLayout::make(kv_format_of(FMT), D);
   static constexpr bool kFp4 = FMT == kNv || FMT == kMx;
@@ -51,28 +57,45 @@ struct Geo {
   static constexpr int KCPL = KW / 16, VCPL = VW / 16;                // 16-byte parts per lane
   static constexpr int KS_PER_PART = kFp4 ? 4 : 2;                    // k-steps in one 16-byte part
   static constexpr int STAGE = L.bytes;
-  // Stages: 3 for small pages, else 2 (a 128-d FP4 page is 18.5 KB: 2 stages keep the CTA
-  // near 50 KB so 4 CTAs share an SM), 1 when two do not fit (BF16 pages at d = 256).
-  static constexpr int NS = STAGE < 16 * 1024 ? 3 : (2 * STAGE <= 160 * 1024 ? 2 : 1);
-  static constexpr int CGW = D / 64;                                  // channel groups per warp (P.V)
-  // shared memory carve-up (bytes, each 128-aligned)
-  static constexpr int BF16_PART = (32 * (D + 1) + 32 * D + kMaxG * kBf16Rows) * 4;  // sink/recent CTA
-  static constexpr int REGION = NS * STAGE > BF16_PART ? NS * STAGE : cache::align_up(BF16_PART);
-  static constexpr int QFRAG_OFF = REGION;
+  static constexpr int CG = D / 16;                                   // channel groups (P.V, every warp)
+  static constexpr int NTP = T == 2 ? (NT + 1) / 2 : NT;              // n-tiles of P.V (heads / 8)
+  static constexpr int GMAX = (8 * NT / T) < kMaxG ? 8 * NT / T : kMaxG;
+  // Query B fragments in registers when they are few (else re-read from shared memory).
+  static constexpr bool kQReg = KS * NT * 2 <= 16;
+  // shared memory: [region: page stages | BF16 sink/recent rows | final O merge][extras]
   static constexpr int QFRAG = KS * NT * 32 * 8;
-  static constexpr int PS_OFF = QFRAG_OFF + cache::align_up(QFRAG);
   static constexpr int PS = 16 * kPsStride * 2;
+  static constexpr int SC = 4 * (2 * kMaxG + 2 * kMaxG * kWarps + kMaxG * kWarps + kMaxG + kMaxG * 16);
+  static constexpr int BF16_NEED = FMT == kBf16 ? 0 : 2 * kBf16Rows * D * 2 + kMaxG * kBf16Rows * 4;
+  static constexpr int OMERGE = kWarps * NTP * 8 * D * 4;
+  static constexpr int EXTRA = cache::align_up(QFRAG) + cache::align_up(PS) + cache::align_up(SC) + GMAX * D * 4;
+  static constexpr int region(int ns) { return cache::align_up(cmax(ns * STAGE, cmax(BF16_NEED, OMERGE))); }
+  // Two CTAs (16 warps) per SM when shared memory and the O registers allow, else one.
+  static constexpr int kBudget2 = 115712, kBudget1 = 232448;
+  // (MXFP4 dual-residual needs more than 128 registers: its query quantizer spills else.)
+  static constexpr bool kTwo = CG * NTP * 4 <= 32 && region(3) + EXTRA <= kBudget2 && !(FMT == kMx && T == 2);
+  static constexpr int pick_ns() {
+    if (kTwo) return region(4) + EXTRA <= kBudget2 ? 4 : 3;
+    for (int ns = 5; ns > 1; --ns)
+      if (region(ns) + EXTRA <= kBudget1) return ns;
+    return 1;
+  }
+  static constexpr int NS = pick_ns();
+  static constexpr int kMinBlocks = kTwo ? 2 : 1;
+  static constexpr int REGION = region(NS);
+  static constexpr int QFRAG_OFF = REGION;
+  static constexpr int PS_OFF = QFRAG_OFF + cache::align_up(QFRAG);
   static constexpr int SC_OFF = PS_OFF + cache::align_up(PS);
-  static constexpr int SC = 4 * (2 * kMaxG + 4 * kMaxG + 4 * kMaxG + kMaxG * 16);  // gfac, red_max, red_sum, ebuf
-  static constexpr int QF_OFF = SC_OFF + cache::align_up(SC);                        // queries [G][D] float, last
+  static constexpr int QF_OFF = SC_OFF + cache::align_up(SC);  // queries [G][D] float, last
   static constexpr int smem_bytes(int G) { return QF_OFF + G * D * 4; }
+  static_assert(smem_bytes(GMAX) <= kBudget1, "decode kernel shared memory over the per-block limit");
 };
 
 // ---- Page loads ---------------------------------------------------------------------------
 
-template <int FMT, int D, int NT>
+template <int FMT, int D, int T, int NT>
 __device__ __forceinline__ void load_page(uint8_t* stage, const uint8_t* src, int valid_tokens, int tid) {
-  using G_ = Geo<FMT, D, NT>;
+  using G_ = Geo<FMT, D, T, NT>;
   constexpr auto L = G_::L;
   const uint32_t dst = smem_u32(stage);
   if constexpr (FMT == kBf16) {
@@ -103,19 +126,25 @@ __device__ __forceinline__ void load_page(uint8_t* stage, const uint8_t* src, in
 
 // ---- A fragments ----------------------------------------------------------------------------
 
-// Scale pair (rows r, r + 8) of block `blk` from the lane's scale words.
-template <int NWORDS>
-__device__ __forceinline__ uint32_t scale_pair(const uint32_t (&w)[NWORDS], int blk) {
-  return (w[blk / 2] >> (16 * (blk % 2))) & 0xFFFFu;
+// a * (s.lo, s.lo) and a * (s.hi, s.hi), FP16, round to nearest (exact here).
+__device__ __forceinline__ uint32_t hmul2_by_lo(uint32_t a, uint32_t s) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), __low2half2(*reinterpret_cast<const __half2*>(&s)));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+__device__ __forceinline__ uint32_t hmul2_by_hi(uint32_t a, uint32_t s) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), __high2half2(*reinterpret_cast<const __half2*>(&s)));
+  return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// Expands one FP4 word (a 16 x 16 tile of a lane) into the 4 A registers with the scales of
-// rows r (lo) and r + 8 (hi) as half2 splats.
-__device__ __forceinline__ void expand_fp4(uint32_t (&a)[4], uint32_t word, uint32_t lo, uint32_t hi) {
-  a[0] = hmul2_bits(fp4_word_to_a_reg_bits(word, 0), lo);
-  a[1] = hmul2_bits(fp4_word_to_a_reg_bits(word, 1), hi);
-  a[2] = hmul2_bits(fp4_word_to_a_reg_bits(word, 2), lo);
-  a[3] = hmul2_bits(fp4_word_to_a_reg_bits(word, 3), hi);
+// Expands one FP4 word (a 16 x 16 tile of a lane) into the 4 A registers; `sc` holds the
+// FP16 block scales of rows r (low half) and r + 8 (high half).
+__device__ __forceinline__ void expand_fp4(uint32_t (&a)[4], uint32_t word, uint32_t sc) {
+  uint32_t raw[4];
+  fp4_word_to_a_regs(word, raw);
+  a[0] = hmul2_by_lo(raw[0], sc);
+  a[1] = hmul2_by_hi(raw[1], sc);
+  a[2] = hmul2_by_lo(raw[2], sc);
+  a[3] = hmul2_by_hi(raw[3], sc);
 }
 __device__ __forceinline__ void expand_fp8(uint32_t (&a)[4], uint32_t w0, uint32_t w1) {
   a[0] = e4m3x2_to_half2_bits(w0);
@@ -123,17 +152,19 @@ __device__ __forceinline__ void expand_fp8(uint32_t (&a)[4], uint32_t w0, uint32
   a[2] = e4m3x2_to_half2_bits(w1);
   a[3] = e4m3x2_to_half2_bits(w1 >> 16);
 }
-// Scale splats of a pair of block scales.
+// FP16 pair (lo, hi) of 2^(code - 127 - pe) for the two E8M0 codes of `pair` (low byte ->
+// lo): exactly half_pow2_bits (2^-25 and below round to 0; the layout keeps k <= 15).
+__device__ __forceinline__ uint32_t mx_pair_half2(uint32_t pair, int pe) {
+  const int k0 = min(max(int(pair & 0xFFu) - kE8M0Bias - pe, -30), 16);
+  const int k1 = min(max(int((pair >> 8) & 0xFFu) - kE8M0Bias - pe, -30), 16);
+  const __half2 h = __floats2half2_rn(__int_as_float((k0 + 127) << 23), __int_as_float((k1 + 127) << 23));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// FP16 block-scale pair (rows r, r + 8) of a 16-bit scale pair.
 template <int FMT>
-__device__ __forceinline__ void scale_splats(uint32_t pair, int pe, uint32_t& lo, uint32_t& hi) {
-  if constexpr (FMT == kNv) {
-    const uint32_t h = e4m3x2_to_half2_bits(pair);
-    lo = (h & 0xFFFFu) * 0x10001u;
-    hi = (h >> 16) * 0x10001u;
-  } else {
-    lo = mx_scale_half_bits(pair & 0xFFu, pe) * 0x10001u;
-    hi = mx_scale_half_bits(pair >> 8, pe) * 0x10001u;
-  }
+__device__ __forceinline__ uint32_t scale_half2(uint32_t pair, int pe) {
+  if constexpr (FMT == kNv) return e4m3x2_to_half2_bits(pair);
+  else return mx_pair_half2(pair, pe);
 }
 
 // ---- Query prologue ------------------------------------------------------------------------
@@ -253,34 +284,16 @@ __device__ void build_query_operand(const KernelArgs& a, float* qf, uint16_t* qf
 
 // ---- The BF16 sink + recent CTA (FP32 CUDA cores) --------------------------------------------
 
-// Rows c0 .. c0 + 31 of the slot (zeros past nbf) into dst[i * stride + c] as floats. All
-// loads of a thread are issued before the first use (one memory latency per chunk).
-template <int D, class RowOf>
-__device__ __forceinline__ void load_slot_rows(float* dst, int stride, const uint16_t* base, int c0, int nbf,
-                                               const RowOf& row_of, int tid) {
-  constexpr int PER = 32 * D / 2 / kThreads;  // 32-bit words per thread
-  uint32_t w[PER];
-#pragma unroll
-  for (int j = 0; j < PER; ++j) {
-    const int idx = tid + j * kThreads, i = idx / (D / 2), c = (idx % (D / 2)) * 2;
-    w[j] = c0 + i < nbf ? *reinterpret_cast<const uint32_t*>(base + size_t(row_of(c0 + i)) * D + c) : 0u;
-  }
-#pragma unroll
-  for (int j = 0; j < PER; ++j) {
-    const int idx = tid + j * kThreads, i = idx / (D / 2), c = (idx % (D / 2)) * 2;
-    dst[i * stride + c] = __uint_as_float(w[j] << 16);
-    dst[i * stride + c + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
-  }
-}
-
+// All rows are fetched at once (one memory latency), S = q'.k' by 8 lanes per key with
+// 3 shuffles, P.V by (channel pair, head group) threads over the keys in order.
 template <int D>
-__device__ void bf16_part(const KernelArgs& a, uint8_t* region, const float* qf, float* red, int b, int kvh,
+__device__ void bf16_part(const KernelArgs& a, uint8_t* region, float* qf, float* red, int b, int kvh,
                           const DecodeLayout& L, int tid) {
   const int G = a.G, warp = tid / 32, lane = tid % 32;
   const int nbf = L.bf16_tokens();
-  float* Kc = reinterpret_cast<float*>(region);  // [32][D + 1]
-  float* Vc = Kc + 32 * (D + 1);                 // [32][D]
-  float* Sb = Vc + 32 * D;                       // [kMaxG][144]
+  uint16_t* Kc = reinterpret_cast<uint16_t*>(region);  // [144][D] bf16
+  uint16_t* Vc = Kc + kBf16Rows * D;                   // [144][D] bf16
+  float* Sb = reinterpret_cast<float*>(Vc + kBf16Rows * D);  // [kMaxG][144]
   const int S1 = a.max_splits + 1;
   const size_t obase = size_t(b) * a.q_heads + size_t(kvh) * G;
   const int slot = a.row_slot ? a.row_slot[b] : b;
@@ -291,18 +304,63 @@ __device__ void bf16_part(const KernelArgs& a, uint8_t* region, const float* qf,
   const uint16_t* kb = a.slot_buffer + cache::slot_row_offset(0, slot, kvh, 0, 0, a.slots, a.kv_heads, D);
   const uint16_t* vb = a.slot_buffer + cache::slot_row_offset(0, slot, kvh, 1, 0, a.slots, a.kv_heads, D);
   auto row_of = [&](int i) { return i < L.sink_tokens ? i : kSinkTokens + (L.recent_begin + i - L.sink_tokens) % kPageTokens; };
+  constexpr int CPR = D / 8;  // 16-byte chunks per row
+  for (int c = tid; c < nbf * CPR; c += kThreads) {
+    const int i = c / CPR, ch = c % CPR;
+    const size_t src = size_t(row_of(i)) * D + ch * 8;
+    cp_async16(smem_u32(Kc + i * D + ch * 8), kb + src);
+    cp_async16(smem_u32(Vc + i * D + ch * 8), vb + src);
+  }
+  cp_async_commit();
+  load_rotate_queries<D>(a, qf, b, kvh, tid);
+  cp_async_wait<0>();
+  __syncthreads();
 
-  for (int c0 = 0; c0 < nbf; c0 += 32) {
-    __syncthreads();
-    load_slot_rows<D>(Kc, D + 1, kb, c0, nbf, row_of, tid);
-    __syncthreads();
-    const int i = tid % 32;
-    if (c0 + i < nbf) {
-      for (int h = tid / 32; h < G; h += 4) {
-        float dot = 0.0f;
-#pragma unroll 8
-        for (int c = 0; c < D; ++c) dot = fmaf(qf[h * D + c], Kc[i * (D + 1) + c], dot);
-        Sb[h * kBf16Rows + c0 + i] = __fmul_rn(dot, a.gamma);
+  // S: key i = pass * 32 + warp * 4 + lane / 8; lane % 8 takes the 16-byte chunks sub, sub + 8, ...
+  const int sub = lane % 8;
+  constexpr int CH = D / 64;  // chunks per lane
+  for (int base = 0; base < nbf; base += 4 * kWarps) {
+    const int i = base + warp * 4 + lane / 8;
+    float dot[kMaxG];
+#pragma unroll
+    for (int h = 0; h < kMaxG; ++h) dot[h] = 0.0f;
+    if (i < nbf) {
+#pragma unroll
+      for (int k = 0; k < CH; ++k) {
+        const int c0 = (sub + 8 * k) * 8;
+        const uint4 w = *reinterpret_cast<const uint4*>(Kc + i * D + c0);
+        const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+        float kv[8];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          kv[2 * e] = __uint_as_float(wv[e] << 16);
+          kv[2 * e + 1] = __uint_as_float(wv[e] & 0xFFFF0000u);
+        }
+#pragma unroll
+        for (int h = 0; h < kMaxG; ++h) {
+          if (h < G) {
+            const float4 q0 = *reinterpret_cast<const float4*>(qf + h * D + c0);
+            const float4 q1 = *reinterpret_cast<const float4*>(qf + h * D + c0 + 4);
+            dot[h] = fmaf(q0.x, kv[0], dot[h]);
+            dot[h] = fmaf(q0.y, kv[1], dot[h]);
+            dot[h] = fmaf(q0.z, kv[2], dot[h]);
+            dot[h] = fmaf(q0.w, kv[3], dot[h]);
+            dot[h] = fmaf(q1.x, kv[4], dot[h]);
+            dot[h] = fmaf(q1.y, kv[5], dot[h]);
+            dot[h] = fmaf(q1.z, kv[6], dot[h]);
+            dot[h] = fmaf(q1.w, kv[7], dot[h]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kMaxG; ++h) {
+      if (h < G) {
+        float x = dot[h];
+        x += __shfl_xor_sync(0xffffffffu, x, 1);
+        x += __shfl_xor_sync(0xffffffffu, x, 2);
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        if (sub == 0 && i < nbf) Sb[h * kBf16Rows + i] = __fmul_rn(x, a.gamma);
       }
     }
   }
@@ -323,42 +381,39 @@ __device__ void bf16_part(const KernelArgs& a, uint8_t* region, const float* qf,
       red[kMaxG + h] = l;
     }
   }
-  // P.V: thread owns channel(s) c and heads hs, hs + HS, ...
-  constexpr int CPT = D > kThreads ? D / kThreads : 1;   // channels per thread
-  constexpr int HS = D < kThreads ? kThreads / D : 1;    // head stride
-  constexpr int HPT = kMaxG / HS;
-  const int cbase = tid % (D < kThreads ? D : kThreads), hs = tid / (D < kThreads ? D : kThreads);
-  float o[CPT][HPT];
+  __syncthreads();
+  // P.V: thread owns channels 2 cp, 2 cp + 1 and heads hg, hg + HG, ...
+  constexpr int PAIRS = D / 2;
+  constexpr int HG = kThreads / PAIRS;
+  constexpr int HPT = kMaxG / HG;
+  const int cp = tid % PAIRS, hg = tid / PAIRS;
+  float o0[HPT], o1[HPT];
 #pragma unroll
-  for (int j = 0; j < CPT; ++j)
+  for (int k = 0; k < HPT; ++k) o0[k] = o1[k] = 0.0f;
+  const uint32_t* V32 = reinterpret_cast<const uint32_t*>(Vc);
+#pragma unroll 4
+  for (int i = 0; i < nbf; ++i) {
+    const uint32_t w = V32[i * PAIRS + cp];
+    const float v0 = __uint_as_float(w << 16), v1 = __uint_as_float(w & 0xFFFF0000u);
 #pragma unroll
-    for (int k = 0; k < HPT; ++k) o[j][k] = 0.0f;
-  for (int c0 = 0; c0 < nbf; c0 += 32) {
-    __syncthreads();
-    load_slot_rows<D>(Vc, D, vb, c0, nbf, row_of, tid);
-    __syncthreads();
-    const int cnt = min(32, nbf - c0);
-    for (int i = 0; i < cnt; ++i) {
-#pragma unroll
-      for (int k = 0; k < HPT; ++k) {
-        const int h = hs + k * HS;
-        if (h < G) {
-          const float p = Sb[h * kBf16Rows + c0 + i];
-#pragma unroll
-          for (int j = 0; j < CPT; ++j) o[j][k] = fmaf(p, Vc[i * D + cbase + j * kThreads], o[j][k]);
-        }
+    for (int k = 0; k < HPT; ++k) {
+      const int h = hg + k * HG;
+      if (h < G) {
+        const float p = Sb[h * kBf16Rows + i];
+        o0[k] = fmaf(p, v0, o0[k]);
+        o1[k] = fmaf(p, v1, o1[k]);
       }
     }
   }
 #pragma unroll
   for (int k = 0; k < HPT; ++k) {
-    const int h = hs + k * HS;
+    const int h = hg + k * HG;
     if (h < G) {
       const float l = red[kMaxG + h];
-#pragma unroll
-      for (int j = 0; j < CPT; ++j)
-        a.part_o[((obase + h) * S1 + a.max_splits) * D + cbase + j * kThreads] = o[j][k] / l;
-      if (cbase == 0) a.part_lse[(obase + h) * S1 + a.max_splits] = red[h] + log2f(l);
+      float* dst = a.part_o + ((obase + h) * S1 + a.max_splits) * D + 2 * cp;
+      dst[0] = o0[k] / l;
+      dst[1] = o1[k] / l;
+      if (cp == 0) a.part_lse[(obase + h) * S1 + a.max_splits] = red[h] + log2f(l);
     }
   }
 }
@@ -366,14 +421,15 @@ __device__ void bf16_part(const KernelArgs& a, uint8_t* region, const float* qf,
 // ---- The split kernel -------------------------------------------------------------------------
 
 template <int FMT, int D, int T, int NT>
-__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KernelArgs a) {
-  using G_ = Geo<FMT, D, NT>;
+__global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) decode_kernel(const KernelArgs a) {
+  using G_ = Geo<FMT, D, T, NT>;
   constexpr auto L = G_::L;
   constexpr int NS = G_::NS;
-  constexpr int NSL = T == 2 ? NT : 2 * NT;              // softmax slots (heads) per thread
-  constexpr int NTP = T == 2 ? (NT + 1) / 2 : NT;        // n-tiles of P.V (heads / 8)
-  constexpr int NSLP = 2 * NTP;                          // P.V head slots per thread
-  constexpr int CGW = G_::CGW;
+  constexpr int NSL = T == 2 ? NT : 2 * NT;  // softmax slots (heads) per thread
+  constexpr int NTP = G_::NTP;               // n-tiles of P.V (heads / 8)
+  constexpr int NSLP = 2 * NTP;              // P.V head slots per thread
+  constexpr int CG = G_::CG;
+  constexpr int KS = G_::KS;
   constexpr bool kBf = FMT == kBf16;
 
   extern __shared__ __align__(128) uint8_t smem[];
@@ -381,9 +437,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KernelArgs a)
   uint16_t* ps = reinterpret_cast<uint16_t*>(smem + G_::PS_OFF);
   float* qf = reinterpret_cast<float*>(smem + G_::QF_OFF);
   float* gfac = reinterpret_cast<float*>(smem + G_::SC_OFF);  // [2][kMaxG]
-  float* red_max = gfac + 2 * kMaxG;                           // [4][kMaxG]
-  float* red_sum = red_max + 4 * kMaxG;                        // [4][kMaxG]
-  int* ebuf = reinterpret_cast<int*>(red_sum + 4 * kMaxG);     // [kMaxG * 16]
+  float* red_max = gfac + 2 * kMaxG;                           // [2 buffers][kMaxG][kWarps]
+  float* red_sum = red_max + 2 * kMaxG * kWarps;               // [kMaxG][kWarps]
+  float* red_m = red_sum + kMaxG * kWarps;                     // [kMaxG]
+  int* ebuf = reinterpret_cast<int*>(red_m + kMaxG);           // [kMaxG * 16]
 
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -405,10 +462,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KernelArgs a)
 
   if (split == a.max_splits) {  // the BF16 sink + recent CTA
     if constexpr (!kBf) {
-      if (lay.bf16_tokens() > 0) {
-        load_rotate_queries<D>(a, qf, b, kvh, tid);
-        bf16_part<D>(a, smem, qf, red_max, b, kvh, lay, tid);
-      }
+      if (lay.bf16_tokens() > 0) bf16_part<D>(a, smem, qf, red_max, b, kvh, lay, tid);
     }
     return;
   }
@@ -418,9 +472,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KernelArgs a)
   const int p_begin = split * pps, p_end = min(p_begin + pps, pages), npg = p_end - p_begin;
 
   const int32_t* btab = a.block_tables + size_t(b) * a.max_pages;
-  auto page_src = [&](int pg) {
-    return a.pool + size_t(btab[pg]) * size_t(a.block_stride) + size_t(kvh) * size_t(a.head_bytes);
-  };
+  auto block_src = [&](int blk) { return a.pool + size_t(blk) * size_t(a.block_stride) + size_t(kvh) * size_t(a.head_bytes); };
   auto valid_of = [&](int pg) { return pg == pages - 1 ? lay.last_page_tokens : kPageTokens; };
   auto stage = [&](int s) { return smem + s * G_::STAGE; };
 
@@ -428,9 +480,12 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KernelArgs a)
   for (int i = tid; i < G_::QFRAG / 4; i += kThreads) reinterpret_cast<uint32_t*>(qfrag)[i] = 0u;
   for (int i = tid; i < G_::PS / 4; i += kThreads) reinterpret_cast<uint32_t*>(ps)[i] = 0u;
   if constexpr (NS > 1) {
+    int first_blocks[NS - 1];  // all table reads first: one latency, not NS - 1
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s) first_blocks[s] = s < npg ? __ldg(btab + p_begin + s) : 0;
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
-      if (s < npg) load_page<FMT, D, NT>(stage(s), page_src(p_begin + s), valid_of(p_begin + s), tid);
+      if (s < npg) load_page<FMT, D, T, NT>(stage(s), block_src(first_blocks[s]), valid_of(p_begin + s), tid);
       cp_async_commit();
     }
   }
@@ -452,9 +507,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KernelArgs a)
   }
 #pragma unroll
   for (int sp = 0; sp < NSLP; ++sp) m_p[sp] = neg_inf();
-  float o[CGW][NTP][4];
+  float o[CG][NTP][4];
 #pragma unroll
-  for (int i = 0; i < CGW; ++i)
+  for (int i = 0; i < CG; ++i)
 #pragma unroll
     for (int j = 0; j < NTP; ++j)
 #pragma unroll
@@ -463,34 +518,51 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KernelArgs a)
   const bool mx_p = a.pmode == kPMx;
   const uint32_t* qfrag32 = reinterpret_cast<const uint32_t*>(qfrag);
   const uint32_t* ps32 = reinterpret_cast<const uint32_t*>(ps);
+  // Query B fragments (k-step ks, n-tile nt) in registers when few.
+  uint32_t qreg[G_::kQReg ? KS : 1][NT][2];
+  if constexpr (G_::kQReg) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint2 v = reinterpret_cast<const uint2*>(qfrag32)[(ks * NT + nt) * 32 + lane];
+        qreg[ks][nt][0] = v.x;
+        qreg[ks][nt][1] = v.y;
+      }
+  }
+  auto qb = [&](int ks, int nt, int r) -> uint32_t {
+    if constexpr (G_::kQReg) return qreg[G_::kQReg ? ks : 0][nt][r];
+    else return qfrag32[((ks * NT + nt) * 32 + lane) * 2 + r];
+  };
+
+  if constexpr (NS >= 3) {
+    cp_async_wait<NS - 2>();  // page 0 (this thread's copies)
+    __syncthreads();          // page 0 visible
+  }
+  // Block id of the next page to load, fetched one iteration ahead so that the table read's
+  // latency is not paid after the barrier.
+  constexpr int kAhead = NS >= 3 ? NS - 1 : NS == 2 ? 1 : 0;
+  int blk_next = kAhead < npg ? __ldg(btab + p_begin + kAhead) : 0;
 
   for (int it = 0; it < npg; ++it) {
     if constexpr (NS == 1) {
-      __syncthreads();
-      load_page<FMT, D, NT>(stage(0), page_src(p_begin + it), valid_of(p_begin + it), tid);
+      if (it > 0) __syncthreads();  // everyone is done with page it - 1
+      load_page<FMT, D, T, NT>(stage(0), block_src(blk_next), valid_of(p_begin + it), tid);
       cp_async_commit();
+      if (it + 1 < npg) blk_next = __ldg(btab + p_begin + it + 1);
       cp_async_wait<0>();
-    } else {
-      cp_async_wait<(NS > 1 ? NS - 2 : 0)>();
-    }
-    __syncthreads();  // (A) page `it` visible; everyone is done with page it - 1
-    if constexpr (NS > 1) {
-      const int nx = it + NS - 1;
-      if (nx < npg) load_page<FMT, D, NT>(stage(nx % NS), page_src(p_begin + nx), valid_of(p_begin + nx), tid);
+      __syncthreads();
+    } else if constexpr (NS == 2) {
+      cp_async_wait<0>();
+      __syncthreads();  // page it visible; everyone is done with page it - 1
+      if (it + 1 < npg) load_page<FMT, D, T, NT>(stage((it + 1) % 2), block_src(blk_next), valid_of(p_begin + it + 1), tid);
       cp_async_commit();
+      if (it + 2 < npg) blk_next = __ldg(btab + p_begin + it + 2);
     }
     const uint8_t* st = stage(NS == 1 ? 0 : it % NS);
     const int pg = p_begin + it;
     const int first = pg == 0 ? lay.masked_prefix : 0, end = valid_of(pg);
-
-    // ---- S^T = K Q^T for key groups 2w, 2w + 1 --------------------------------------------
-    float acc[2][NT][4];
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[t][j][e] = 0.0f;
+    const int buf = it & 1;
 
     float kfac = 1.0f, vfac = 1.0f;
     int pek = 0, pev = 0;
@@ -508,110 +580,128 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KernelArgs a)
       }
     }
 
+    // ---- S^T = K Q^T for key group `warp` ------------------------------------------------
+    // Two accumulator chains (even and odd k-steps), added at the end: half the dependent
+    // MMA latency per page.
+    float acc2[2][NT][4];
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc2[c][j][e] = 0.0f;
+
     if constexpr (kBf) {
       constexpr int CPR = D / 8;
 #pragma unroll
-      for (int ks = 0; ks < G_::KS; ++ks) {
-        uint32_t qb[NT][2];
+      for (int ks = 0; ks < KS; ++ks) {
+        const int i = lane / 8;
+        const int row = warp * 16 + (i % 2) * 8 + lane % 8, ch = ks * 2 + i / 2;
+        uint32_t af[4];
+        ldmatrix_x4(af, smem_u32(st + L.k_codes + (row * CPR + (ch ^ (row % 8))) * 16));
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint2 v = reinterpret_cast<const uint2*>(qfrag32)[(ks * NT + nt) * 32 + lane];
-          qb[nt][0] = v.x;
-          qb[nt][1] = v.y;
-        }
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          const int i = lane / 8;
-          const int row = (2 * warp + t) * 16 + (i % 2) * 8 + lane % 8, ch = ks * 2 + i / 2;
-          uint32_t af[4];
-          ldmatrix_x4(af, smem_u32(st + L.k_codes + (row * CPR + (ch ^ (row % 8))) * 16));
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_bf16(acc[t][nt], af, qb[nt][0], qb[nt][1]);
-        }
+        for (int nt = 0; nt < NT; ++nt) mma_bf16(acc2[ks % 2][nt], af, qb(ks, nt, 0), qb(ks, nt, 1));
       }
     } else {
-      constexpr int SW = G_::kFp4 ? (D / G_::BLK) / 2 : 1;  // scale words per lane per key group
-      uint32_t ksw[2][SW];
+      constexpr int NBK = G_::kFp4 ? D / G_::BLK : 1;  // scale blocks per key row
+      uint32_t ksc[G_::kFp4 ? NBK : 1];                // FP16 scale pairs (rows r, r + 8) per block
       if constexpr (G_::kFp4) {
+        const uint16_t* p = reinterpret_cast<const uint16_t*>(st + L.k_scales + scale_row_offset(warp, lane, NBK));
+        uint32_t raw[NBK];
+        if constexpr (NBK % 8 == 0) {
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          const uint32_t* p = reinterpret_cast<const uint32_t*>(st + L.k_scales + scale_row_offset(2 * warp + t, lane, D / G_::BLK));
+          for (int q = 0; q < NBK / 8; ++q) {
+            const uint4 w = reinterpret_cast<const uint4*>(p)[q];
+            const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-          for (int w = 0; w < SW; ++w) ksw[t][w] = p[w];
+            for (int e = 0; e < 4; ++e) {
+              raw[8 * q + 2 * e] = wv[e] & 0xFFFFu;
+              raw[8 * q + 2 * e + 1] = wv[e] >> 16;
+            }
+          }
+        } else {
+#pragma unroll
+          for (int q = 0; q < NBK; ++q) raw[q] = p[q];
         }
+#pragma unroll
+        for (int q = 0; q < NBK; ++q) ksc[q] = scale_half2<FMT>(raw[q], pek);
       }
 #pragma unroll
       for (int part = 0; part < G_::KCPL; ++part) {
-        uint4 kw[2];
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-          kw[t] = *reinterpret_cast<const uint4*>(st + L.k_codes + code_part_offset(2 * warp + t, part, lane, G_::KCPL));
+        const uint4 kw = *reinterpret_cast<const uint4*>(st + L.k_codes + code_part_offset(warp, part, lane, G_::KCPL));
+        const uint32_t wv[4] = {kw.x, kw.y, kw.z, kw.w};
 #pragma unroll
         for (int sub = 0; sub < G_::KS_PER_PART; ++sub) {
           const int ks = part * G_::KS_PER_PART + sub;
-          uint32_t qb[NT][2];
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint2 v = reinterpret_cast<const uint2*>(qfrag32)[(ks * NT + nt) * 32 + lane];
-            qb[nt][0] = v.x;
-            qb[nt][1] = v.y;
+          uint32_t af[4];
+          if constexpr (G_::kFp4) {
+            expand_fp4(af, wv[sub], ksc[FMT == kNv ? ks : ks / 2]);
+          } else {
+            expand_fp8(af, wv[2 * sub], wv[2 * sub + 1]);
           }
 #pragma unroll
-          for (int t = 0; t < 2; ++t) {
-            const uint32_t wv[4] = {kw[t].x, kw[t].y, kw[t].z, kw[t].w};
-            uint32_t af[4];
-            if constexpr (G_::kFp4) {
-              uint32_t lo, hi;
-              scale_splats<FMT>(scale_pair(ksw[t], FMT == kNv ? ks : ks / 2), pek, lo, hi);
-              expand_fp4(af, wv[sub], lo, hi);
-            } else {
-              expand_fp8(af, wv[2 * sub], wv[2 * sub + 1]);
-            }
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mma_f16(acc[t][nt], af, qb[nt][0], qb[nt][1]);
-          }
+          for (int nt = 0; nt < NT; ++nt) mma_f16(acc2[ks % 2][nt], af, qb(ks, nt, 0), qb(ks, nt, 1));
         }
       }
     }
 
-    // ---- logits, masks, block and warp maxima --------------------------------------------
-    float sv[2][NSL][2];
+    float acc[NT][4];
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int sl = 0; sl < NSL; ++sl) {
-        const int h = sm_head(sl);
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int key = 32 * warp + 16 * t + lane / 4 + 8 * rr;
-          float x;
-          if constexpr (T == 2) {
-            x = __fadd_rn(__fmul_rn(acc[t][sl][2 * rr], gf0[sl]), __fmul_rn(acc[t][sl][2 * rr + 1], gf1[sl]));
-          } else {
-            x = __fmul_rn(acc[t][sl / 2][2 * rr + sl % 2], gf0[sl]);
-          }
-          x = __fmul_rn(__fmul_rn(x, kfac), a.gamma);
-          sv[t][sl][rr] = (key >= first && key < end && h < G) ? x : neg_inf();
-        }
-      }
-    }
-    float bm[2][NSL], wm[NSL];
+      for (int e = 0; e < 4; ++e) acc[j][e] = acc2[0][j][e] + acc2[1][j][e];
+
+    // ---- logits, masks, block (= warp) maxima ----------------------------------------------
+    float sv[NSL][2], wm[NSL];
 #pragma unroll
     for (int sl = 0; sl < NSL; ++sl) {
-#pragma unroll
-      for (int t = 0; t < 2; ++t) bm[t][sl] = warp_max_xor(fmaxf(sv[t][sl][0], sv[t][sl][1]), 4);
-      wm[sl] = fmaxf(bm[0][sl], bm[1][sl]);
       const int h = sm_head(sl);
-      if (lane < 4 && h < G) red_max[warp * kMaxG + h] = wm[sl];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int key = 16 * warp + lane / 4 + 8 * rr;
+        float x;
+        if constexpr (T == 2) {
+          x = __fadd_rn(__fmul_rn(acc[sl][2 * rr], gf0[sl]), __fmul_rn(acc[sl][2 * rr + 1], gf1[sl]));
+        } else {
+          x = __fmul_rn(acc[sl / 2][2 * rr + sl % 2], gf0[sl]);
+        }
+        x = __fmul_rn(__fmul_rn(x, kfac), a.gamma);
+        sv[sl][rr] = (key >= first && key < end && h < G) ? x : neg_inf();
+      }
+      wm[sl] = warp_max_xor(fmaxf(sv[sl][0], sv[sl][1]), 4);
+      if (lane < 4 && h < G) red_max[(buf * kMaxG + h) * kWarps + warp] = wm[sl];
     }
-    __syncthreads();  // (B)
+    if constexpr (NS >= 3) cp_async_wait<NS - 3>();  // page it + 1 (this thread's copies)
+    __syncthreads();  // maxima of page it; page it + 1 visible; everyone is done with page it - 1
+    if constexpr (NS >= 3) {
+      const int nx = it + NS - 1;
+      if (nx < npg) load_page<FMT, D, T, NT>(stage(nx % NS), block_src(blk_next), valid_of(p_begin + nx), tid);
+      cp_async_commit();
+      if (nx + 1 < npg) blk_next = __ldg(btab + p_begin + nx + 1);
+    }
+
+    // Tile maximum of head h over the 8 warps (and the warp pair's maximum: MXFP4 P blocks).
+    static_assert(kWarps == 8, "tile_max reads 8 warp maxima");
+    auto tile_max = [&](int h) {
+      const float4 x0 = *reinterpret_cast<const float4*>(red_max + (buf * kMaxG + h) * kWarps);
+      const float4 x1 = *reinterpret_cast<const float4*>(red_max + (buf * kMaxG + h) * kWarps + 4);
+      return fmaxf(fmaxf(fmaxf(x0.x, x0.y), fmaxf(x0.z, x0.w)), fmaxf(fmaxf(x1.x, x1.y), fmaxf(x1.z, x1.w)));
+    };
+    auto pair_max_of = [&](int h) {
+      const float* r = red_max + (buf * kMaxG + h) * kWarps + (warp & ~1);
+      return fmaxf(r[0], r[1]);
+    };
 
     // ---- softmax and P quantization (softmax slots) ------------------------------------------
+    // T == 1: the P.V slots are the same heads, so their rescale and page factors are kept.
+    float alpha_s[NSL], fac_s[NSL];
 #pragma unroll
     for (int sl = 0; sl < NSL; ++sl) {
       const int h = sm_head(sl);
+      alpha_s[sl] = 1.0f;
+      fac_s[sl] = vfac;
       if (h >= G) continue;
-      const float mt = fmaxf(fmaxf(red_max[h], red_max[kMaxG + h]), fmaxf(red_max[2 * kMaxG + h], red_max[3 * kMaxG + h]));
+      const float mt = tile_max(h);
       const float mn = fmaxf(m_s[sl], mt);
       // A tile (and split) with no attended key yet (the masked sink copy on page 0 with
       // no BF16 recent and n <= 16): subtract 0 so that p = 0 and alpha = 0, not NaN.
@@ -621,51 +711,61 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KernelArgs a)
       float lsum = 0.0f;
       int etile = 0;
       float wpmax = 0.0f;
+      alpha_s[sl] = alpha;
       if (mx_p) {
         etile = mxfp4_ocp_exponent(exp2f(__fadd_rn(__fsub_rn(mt, mz), a.log2c)));
-        wpmax = exp2f(__fadd_rn(__fsub_rn(wm[sl], mz), a.log2c));
+        wpmax = exp2f(__fadd_rn(__fsub_rn(pair_max_of(h), mz), a.log2c));
+        fac_s[sl] = __fmul_rn(vfac, pow2f(max(etile - 13, -149)));
       }
+      float pmax = 0.0f;
+      if (a.pmode == kPNvMax6 || a.pmode == kPNvUnderflow) pmax = exp2f(__fadd_rn(__fsub_rn(wm[sl], mz), a.log2c));
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        float pmax = 0.0f;
-        if (a.pmode == kPNvMax6 || a.pmode == kPNvUnderflow) pmax = exp2f(__fadd_rn(__fsub_rn(bm[t][sl], mz), a.log2c));
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const float p = exp2f(__fadd_rn(__fsub_rn(sv[t][sl][rr], mz), a.log2c));
-          lsum += p;
-          uint32_t bits;
-          switch (a.pmode) {
-            case kPHalf: bits = half_bits(p); break;
-            case kPBf16: bits = bf16_bits(p); break;
-            case kPMx: {
-              const uint8_t sc = mxfp4_prob_scale(wpmax);
-              const uint8_t code = mxfp4_prob_code(p, sc);
-              const int k = max(int(sc) - kE8M0Bias - etile + 13, -149);
-              bits = half_bits(__fmul_rn(e2m1_value(code), pow2f(k)));
-              break;
-            }
-            default: {
-              const uint8_t sc = nvfp4_prob_scale(pmax, a.pmode == kPNvUnderflow, a.tau);
-              const float svl = e4m3_value(sc);
-              bits = half_bits(__fmul_rn(e2m1_value(nvfp4_prob_code(p, svl)), svl));
-              break;
-            }
+      for (int rr = 0; rr < 2; ++rr) {
+        const float p = exp2f(__fadd_rn(__fsub_rn(sv[sl][rr], mz), a.log2c));
+        lsum += p;
+        uint32_t bits;
+        switch (a.pmode) {
+          case kPHalf: bits = half_bits(p); break;
+          case kPBf16: bits = bf16_bits(p); break;
+          case kPMx: {
+            const uint8_t sc = mxfp4_prob_scale(wpmax);
+            const uint8_t code = mxfp4_prob_code(p, sc);
+            const int k = max(int(sc) - kE8M0Bias - etile + 13, -149);
+            bits = half_bits(__fmul_rn(e2m1_value(code), pow2f(k)));
+            break;
           }
-          const int key = 32 * warp + 16 * t + lane / 4 + 8 * rr;
-          ps[h * kPsStride + key] = uint16_t(bits);
+          default: {
+            const uint8_t sc = nvfp4_prob_scale(pmax, a.pmode == kPNvUnderflow, a.tau);
+            const float svl = e4m3_value(sc);
+            bits = half_bits(__fmul_rn(e2m1_value(nvfp4_prob_code(p, svl)), svl));
+            break;
+          }
         }
+        const int key = 16 * warp + lane / 4 + 8 * rr;
+        ps[h * kPsStride + key] = uint16_t(bits);
       }
       l_s[sl] = __fadd_rn(__fmul_rn(l_s[sl], alpha), lsum);
     }
     // P.V slots: rescale factor and page factor of each head (from the same shared maxima).
     float alpha_p[NSLP], fac_p[NSLP];
+    bool rescale = false;
+    if constexpr (T == 1) {
+      static_assert(T != 1 || NSL == NSLP, "T == 1: softmax and P.V slots coincide");
+#pragma unroll
+      for (int sp = 0; sp < NSLP; ++sp) {
+        alpha_p[sp] = alpha_s[sp];
+        fac_p[sp] = fac_s[sp];
+        rescale |= alpha_p[sp] != 1.0f;
+      }
+    } else {
 #pragma unroll
     for (int sp = 0; sp < NSLP; ++sp) {
       const int h = min(pv_head(sp), G - 1);
-      const float mt = fmaxf(fmaxf(red_max[h], red_max[kMaxG + h]), fmaxf(red_max[2 * kMaxG + h], red_max[3 * kMaxG + h]));
+      const float mt = tile_max(h);
       const float mn = fmaxf(m_p[sp], mt);
       const float mz = mn == neg_inf() ? 0.0f : mn;
       alpha_p[sp] = exp2f(__fsub_rn(m_p[sp], mz));
+      rescale |= alpha_p[sp] != 1.0f;
       m_p[sp] = mn;
       fac_p[sp] = vfac;
       if (mx_p) {
@@ -673,12 +773,19 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KernelArgs a)
         fac_p[sp] = __fmul_rn(vfac, pow2f(max(etile - 13, -149)));
       }
     }
-    __syncthreads();  // (C) P visible
+    }
+    __syncwarp();  // this warp's P columns visible to the warp
 
-    // ---- O^T += V^T P^T for channel groups warp * CGW ... -------------------------------------
-    float tmp[CGW][NTP][4];
+    // ---- O^T += V^T P^T: all channel groups, k-step = this warp's 16 keys ----------------------
+    uint32_t pb[NTP][2];
 #pragma unroll
-    for (int i = 0; i < CGW; ++i)
+    for (int j = 0; j < NTP; ++j) {
+      pb[j][0] = ps32[ps_word_index(j, lane, warp, 0)];
+      pb[j][1] = ps32[ps_word_index(j, lane, warp, 1)];
+    }
+    float tmp[CG][NTP][4];
+#pragma unroll
+    for (int i = 0; i < CG; ++i)
 #pragma unroll
       for (int j = 0; j < NTP; ++j)
 #pragma unroll
@@ -687,103 +794,96 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KernelArgs a)
     if constexpr (kBf) {
       constexpr int CPR = D / 8;
 #pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        uint32_t pb[NTP][2];
+      for (int i = 0; i < CG; ++i) {
+        const int q4 = lane / 8;
+        const int row = warp * 16 + (q4 / 2) * 8 + lane % 8, ch = i * 2 + q4 % 2;
+        uint32_t af[4];
+        ldmatrix_x4_trans(af, smem_u32(st + L.v_codes + (row * CPR + (ch ^ (row % 8))) * 16));
 #pragma unroll
-        for (int j = 0; j < NTP; ++j) {
-          pb[j][0] = ps32[ps_word_index(j, lane, ks, 0)];
-          pb[j][1] = ps32[ps_word_index(j, lane, ks, 1)];
-        }
-#pragma unroll
-        for (int i = 0; i < CGW; ++i) {
-          const int cg = warp * CGW + i, q4 = lane / 8;
-          const int row = ks * 16 + (q4 / 2) * 8 + lane % 8, ch = cg * 2 + q4 % 2;
-          uint32_t af[4];
-          ldmatrix_x4_trans(af, smem_u32(st + L.v_codes + (row * CPR + (ch ^ (row % 8))) * 16));
-#pragma unroll
-          for (int j = 0; j < NTP; ++j) mma_bf16(tmp[i][j], af, pb[j][0], pb[j][1]);
-        }
+        for (int j = 0; j < NTP; ++j) mma_bf16(tmp[i][j], af, pb[j][0], pb[j][1]);
       }
-    } else {
-      constexpr int VSW = G_::kFp4 ? (kPageTokens / G_::BLK) / 2 : 1;
-      uint32_t vsw[CGW][VSW];
-      if constexpr (G_::kFp4) {
+    } else if constexpr (G_::kFp4) {
+      constexpr int NBV = kPageTokens / G_::BLK;  // scale blocks per channel row
+      const int blk = FMT == kNv ? warp : warp / 2;
 #pragma unroll
-        for (int i = 0; i < CGW; ++i) {
-          const uint32_t* p = reinterpret_cast<const uint32_t*>(
-              st + L.v_scales + scale_row_offset(warp * CGW + i, lane, kPageTokens / G_::BLK));
+      for (int i = 0; i < CG; ++i) {
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(
+            st + L.v_codes + code_part_offset(i, warp / 4, lane, G_::VCPL) + 4 * (warp % 4));
+        const uint32_t pair =
+            *reinterpret_cast<const uint16_t*>(st + L.v_scales + scale_row_offset(i, lane, NBV) + 2 * blk);
+        uint32_t af[4];
+        expand_fp4(af, word, scale_half2<FMT>(pair, pev));
 #pragma unroll
-          for (int w = 0; w < VSW; ++w) vsw[i][w] = p[w];
-        }
+        for (int j = 0; j < NTP; ++j) mma_f16(tmp[i][j], af, pb[j][0], pb[j][1]);
       }
+    } else {  // FP8
 #pragma unroll
-      for (int part = 0; part < G_::VCPL; ++part) {
-        uint4 vw[CGW];
+      for (int i = 0; i < CG; ++i) {
+        const uint2 w = *reinterpret_cast<const uint2*>(st + L.v_codes + code_part_offset(i, warp / 2, lane, G_::VCPL) +
+                                                        8 * (warp % 2));
+        uint32_t af[4];
+        expand_fp8(af, w.x, w.y);
 #pragma unroll
-        for (int i = 0; i < CGW; ++i)
-          vw[i] = *reinterpret_cast<const uint4*>(st + L.v_codes + code_part_offset(warp * CGW + i, part, lane, G_::VCPL));
-#pragma unroll
-        for (int sub = 0; sub < G_::KS_PER_PART; ++sub) {
-          const int ks = part * G_::KS_PER_PART + sub;
-          uint32_t pb[NTP][2];
-#pragma unroll
-          for (int j = 0; j < NTP; ++j) {
-            pb[j][0] = ps32[ps_word_index(j, lane, ks, 0)];
-            pb[j][1] = ps32[ps_word_index(j, lane, ks, 1)];
-          }
-#pragma unroll
-          for (int i = 0; i < CGW; ++i) {
-            const uint32_t wv[4] = {vw[i].x, vw[i].y, vw[i].z, vw[i].w};
-            uint32_t af[4];
-            if constexpr (G_::kFp4) {
-              uint32_t lo, hi;
-              scale_splats<FMT>(scale_pair(vsw[i], FMT == kNv ? ks : ks / 2), pev, lo, hi);
-              expand_fp4(af, wv[sub], lo, hi);
-            } else {
-              expand_fp8(af, wv[2 * sub], wv[2 * sub + 1]);
-            }
-#pragma unroll
-            for (int j = 0; j < NTP; ++j) mma_f16(tmp[i][j], af, pb[j][0], pb[j][1]);
-          }
-        }
+        for (int j = 0; j < NTP; ++j) mma_f16(tmp[i][j], af, pb[j][0], pb[j][1]);
       }
     }
+    if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-    for (int i = 0; i < CGW; ++i)
+      for (int i = 0; i < CG; ++i)
 #pragma unroll
-      for (int j = 0; j < NTP; ++j)
+        for (int j = 0; j < NTP; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int sp = 2 * j + e % 2;
-          o[i][j][e] = fmaf(o[i][j][e], alpha_p[sp], tmp[i][j][e] * fac_p[sp]);
-        }
+          for (int e = 0; e < 4; ++e) {
+            const int sp = 2 * j + e % 2;
+            o[i][j][e] = fmaf(o[i][j][e], alpha_p[sp], tmp[i][j][e] * fac_p[sp]);
+          }
+    } else {
+#pragma unroll
+      for (int i = 0; i < CG; ++i)
+#pragma unroll
+        for (int j = 0; j < NTP; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[i][j][e] = fmaf(tmp[i][j][e], fac_p[2 * j + e % 2], o[i][j][e]);
+    }
   }
 
-  // ---- epilogue: row sums across the CTA, normalized partial output, base-2 LSE ---------------
+  // ---- epilogue: sum the warps' partial O and row sums, normalize, base-2 LSE ---------------
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  cp_async_wait<0>();
 #pragma unroll
   for (int sl = 0; sl < NSL; ++sl) {
     const float l = warp_sum_xor(l_s[sl], 4);
     const int h = sm_head(sl);
-    if (lane < 4 && h < G) red_sum[warp * kMaxG + h] = l;
+    if (lane < 4 && h < G) {
+      red_sum[h * kWarps + warp] = l;
+      if (warp == 0) red_m[h] = m_s[sl];
+    }
   }
+  __syncthreads();  // every warp is done with the stages: the region holds the O partials
+  float* om = reinterpret_cast<float*>(smem);  // [warp][NTP * 8 heads][D]
+#pragma unroll
+  for (int i = 0; i < CG; ++i)
+#pragma unroll
+    for (int j = 0; j < NTP; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = 16 * i + lane / 4 + 8 * (e / 2), hc = 8 * j + 2 * (lane % 4) + e % 2;
+        om[(warp * NTP * 8 + hc) * D + c] = o[i][j][e];
+      }
   __syncthreads();
   const int S1 = a.max_splits + 1;
   const size_t obase = size_t(b) * a.q_heads + size_t(kvh) * G;
+  for (int idx = tid; idx < G * D; idx += kThreads) {
+    const int h = idx / D, c = idx % D;
+    float l = 0.0f, s = 0.0f;
 #pragma unroll
-  for (int sp = 0; sp < NSLP; ++sp) {
-    const int h = pv_head(sp);
-    if (h >= G) continue;
-    const float l = red_sum[h] + red_sum[kMaxG + h] + red_sum[2 * kMaxG + h] + red_sum[3 * kMaxG + h];
+    for (int w = 0; w < kWarps; ++w) {
+      l += red_sum[h * kWarps + w];
+      s += om[(w * NTP * 8 + h) * D + c];
+    }
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int j = sp / 2, e0 = sp % 2;
-#pragma unroll
-    for (int i = 0; i < CGW; ++i)
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int c = (warp * CGW + i) * 16 + lane / 4 + 8 * rr;
-        a.part_o[((obase + h) * S1 + split) * D + c] = o[i][j][2 * rr + e0] * inv;
-      }
-    if (warp == 0 && lane < 4) a.part_lse[(obase + h) * S1 + split] = l > 0.0f ? m_p[sp] + log2f(l) - a.log2c : neg_inf();
+    a.part_o[((obase + h) * S1 + split) * D + c] = s * inv;
+    if (c == 0) a.part_lse[(obase + h) * S1 + split] = l > 0.0f ? red_m[h] + log2f(l) - a.log2c : neg_inf();
   }
 }
 
@@ -795,6 +895,9 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   __shared__ float red[D / 32];
   extern __shared__ float s_lse[];  // [max_splits + 1]: the valid splits' LSE, else -inf
   const size_t oi = (size_t(b) * a.q_heads + qh) * D + c;
+  // Launched as a programmatic dependent of the decode kernel: wait for its results (a
+  // no-op when launched normally).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   if (a.error_flags && a.error_flags[0] != 0) {
     a.out[oi] = __int_as_float(0x7fc00000);
     if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = __int_as_float(0x7fc00000);
@@ -851,20 +954,47 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
 
 template <int FMT, int D, int T, int NT>
 void launch_decode(const KernelArgs& a, cudaStream_t stream) {
-  const int smem = Geo<FMT, D, NT>::smem_bytes(a.G);
+  using G_ = Geo<FMT, D, T, NT>;
+  const int smem = G_::smem_bytes(a.G);
   static bool configured = false;
   if (!configured) {
     cudaFuncSetAttribute(decode_kernel<FMT, D, T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         Geo<FMT, D, NT>::smem_bytes(kMaxG));
+                         G_::smem_bytes(G_::GMAX));
     configured = true;
   }
   const dim3 grid(a.max_splits + 1, a.kv_heads, a.batch);
   decode_kernel<FMT, D, T, NT><<<grid, kThreads, smem, stream>>>(a);
 }
 
+template <int FMT, int D, int T, int NT>
+int decode_occupancy(int G) {
+  using G_ = Geo<FMT, D, T, NT>;
+  cudaFuncSetAttribute(decode_kernel<FMT, D, T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, G_::smem_bytes(G_::GMAX));
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<FMT, D, T, NT>, kThreads, G_::smem_bytes(G)) !=
+      cudaSuccess)
+    return 0;
+  return n;
+}
+
 template <int D>
 void launch_combine(const CombineArgs& a, cudaStream_t stream) {
-  combine_kernel<D><<<dim3(a.q_heads, a.batch), D, (a.max_splits + 1) * sizeof(float), stream>>>(a);
+  // Programmatic dependent launch: the combine grid is set up while the decode kernel
+  // finishes and waits for it in griddepcontrol.wait.
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(a.q_heads, a.batch);
+  cfg.blockDim = dim3(D);
+  cfg.dynamicSmemBytes = (a.max_splits + 1) * sizeof(float);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (cudaLaunchKernelEx(&cfg, combine_kernel<D>, a) != cudaSuccess) {
+    (void)cudaGetLastError();  // not available here: a plain launch
+    combine_kernel<D><<<dim3(a.q_heads, a.batch), D, (a.max_splits + 1) * sizeof(float), stream>>>(a);
+  }
 }
 
 }  // namespace fp4kv::attention::detail

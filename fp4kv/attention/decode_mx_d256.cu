@@ -2,9 +2,14 @@
 #include "fp4kv/attention/decode_kernel.cuh"
 
 namespace fp4kv::attention::detail {
-template void launch_decode<kMx, 256, 1, 1>(const KernelArgs&, cudaStream_t);
-template void launch_decode<kMx, 256, 1, 2>(const KernelArgs&, cudaStream_t);
-template void launch_decode<kMx, 256, 2, 1>(const KernelArgs&, cudaStream_t);
-template void launch_decode<kMx, 256, 2, 2>(const KernelArgs&, cudaStream_t);
-template void launch_decode<kMx, 256, 2, 4>(const KernelArgs&, cudaStream_t);
+template void launch_decode<kMx, 256, 1,1>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kMx, 256, 1,1>(int);
+template void launch_decode<kMx, 256, 1,2>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kMx, 256, 1,2>(int);
+template void launch_decode<kMx, 256, 2,1>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kMx, 256, 2,1>(int);
+template void launch_decode<kMx, 256, 2,2>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kMx, 256, 2,2>(int);
+template void launch_decode<kMx, 256, 2,4>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kMx, 256, 2,4>(int);
 }  // namespace fp4kv::attention::detail

@@ -2,10 +2,15 @@
 #include "fp4kv/attention/decode_kernel.cuh"
 
 namespace fp4kv::attention::detail {
-template void launch_decode<kNv, 128, 1, 1>(const KernelArgs&, cudaStream_t);
-template void launch_decode<kNv, 128, 1, 2>(const KernelArgs&, cudaStream_t);
-template void launch_decode<kNv, 128, 2, 1>(const KernelArgs&, cudaStream_t);
-template void launch_decode<kNv, 128, 2, 2>(const KernelArgs&, cudaStream_t);
-template void launch_decode<kNv, 128, 2, 4>(const KernelArgs&, cudaStream_t);
+template void launch_decode<kNv, 128, 1,1>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kNv, 128, 1,1>(int);
+template void launch_decode<kNv, 128, 1,2>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kNv, 128, 1,2>(int);
+template void launch_decode<kNv, 128, 2,1>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kNv, 128, 2,1>(int);
+template void launch_decode<kNv, 128, 2,2>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kNv, 128, 2,2>(int);
+template void launch_decode<kNv, 128, 2,4>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kNv, 128, 2,4>(int);
 template void launch_combine<128>(const CombineArgs&, cudaStream_t);
 }  // namespace fp4kv::attention::detail

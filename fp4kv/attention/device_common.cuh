@@ -14,8 +14,8 @@
 
 namespace fp4kv::attention::detail {
 
-inline constexpr int kThreads = 128;  // 4 warps per CTA
-inline constexpr int kWarps = 4;
+inline constexpr int kThreads = 256;  // 8 warps per CTA
+inline constexpr int kWarps = 8;
 
 enum Fmt : int { kNv = 0, kMx = 1, kFp8 = 2, kBf16 = 3 };
 
@@ -66,6 +66,8 @@ struct CombineArgs {
 // Launchers, defined in decode_kernel.cuh and explicitly instantiated in decode_<fmt>_d<D>.cu.
 template <int FMT, int D, int T, int NT>
 void launch_decode(const KernelArgs& a, cudaStream_t stream);
+template <int FMT, int D, int T, int NT>
+int decode_occupancy(int G);  // resident CTAs per SM of that variant
 template <int D>
 void launch_combine(const CombineArgs& a, cudaStream_t stream);
 

@@ -12,13 +12,12 @@ for fmt in nv:kNv mx:kMx fp8:kFp8 bf16:kBf16; do
       echo '#include "fp4kv/attention/decode_kernel.cuh"'
       echo
       echo "namespace fp4kv::attention::detail {"
-      echo "template void launch_decode<${id}, ${d}, 1, 1>(const KernelArgs&, cudaStream_t);"
-      echo "template void launch_decode<${id}, ${d}, 1, 2>(const KernelArgs&, cudaStream_t);"
-      if [ "$name" = nv ] || [ "$name" = mx ]; then
-        echo "template void launch_decode<${id}, ${d}, 2, 1>(const KernelArgs&, cudaStream_t);"
-        echo "template void launch_decode<${id}, ${d}, 2, 2>(const KernelArgs&, cudaStream_t);"
-        echo "template void launch_decode<${id}, ${d}, 2, 4>(const KernelArgs&, cudaStream_t);"
-      fi
+      variants="1,1 1,2"
+      if [ "$name" = nv ] || [ "$name" = mx ]; then variants="$variants 2,1 2,2 2,4"; fi
+      for v in $variants; do
+        echo "template void launch_decode<${id}, ${d}, ${v}>(const KernelArgs&, cudaStream_t);"
+        echo "template int decode_occupancy<${id}, ${d}, ${v}>(int);"
+      done
       if [ "$name" = nv ]; then
         echo "template void launch_combine<${d}>(const CombineArgs&, cudaStream_t);"
       fi

@@ -66,6 +66,18 @@ TEST(Fragment, Fp4ExpansionIsValueTimes2PowMinus14) {
     }
 }
 
+// The kernel's four-register expansion equals the one-register reference bit for bit.
+TEST(Fragment, Fp4WordToFourRegistersMatchesPerRegister) {
+  std::mt19937 rng(5);
+  std::vector<uint32_t> words = {0u, 0xFFFFFFFFu, 0x88888888u, 0x77777777u, 0x01234567u, 0x89ABCDEFu};
+  for (int i = 0; i < 200000; ++i) words.push_back(uint32_t(rng()));
+  for (uint32_t w : words) {
+    uint32_t a[4];
+    fp4_word_to_a_regs(w, a);
+    for (int r = 0; r < 4; ++r) ASSERT_EQ(a[r], fp4_word_to_a_reg_bits(w, r)) << std::hex << w << " r " << r;
+  }
+}
+
 TEST(Fragment, HalfPow2) {
   for (int k = -30; k <= 15; ++k) {
     const float want = k < -24 ? 0.0f : pow2f(k);

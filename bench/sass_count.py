@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Instruction counts of a decode kernel's main loop from `cuobjdump --dump-sass` output.
+
+  python3 bench/sass_count.py SASS_TXT KERNEL_SUBSTRING [LABEL]
+
+Finds the function whose mangled name contains KERNEL_SUBSTRING, takes the backward branch
+whose body holds the most HMMA instructions (the page loop), and prints the opcode
+histogram of that body, the HMMA count (= 16 x 16 tiles x column tiles), and instructions
+per tile and per element (warp instructions x 32 lanes / elements)."""
+import re
+import sys
+from collections import Counter
+
+
+def functions(text):
+    cur, lines = None, []
+    for ln in text.splitlines():
+        m = re.search(r"Function : (\S+)", ln)
+        if m:
+            if cur:
+                yield cur, lines
+            cur, lines = m.group(1), []
+        elif cur:
+            lines.append(ln)
+    if cur:
+        yield cur, lines
+
+
+def parse(lines):
+    ins = []
+    for ln in lines:
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", ln)
+        if not m:
+            continue
+        addr = int(m.group(1), 16)
+        body = m.group(2).strip()
+        body = re.sub(r"^@!?U?P\w+\s+", "", body)
+        op = body.split()[0] if body else ""
+        ins.append((addr, op, body))
+    return ins
+
+
+def main():
+    text = open(sys.argv[1]).read()
+    key = sys.argv[2]
+    label = sys.argv[3] if len(sys.argv) > 3 else key
+    nt = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    for name, lines in functions(text):
+        if key not in name:
+            continue
+        ins = parse(lines)
+        best = None
+        for i, (addr, op, body) in enumerate(ins):
+            if op.startswith("BRA"):
+                m = re.search(r"0x([0-9a-f]+)", body)
+                if not m:
+                    continue
+                tgt = int(m.group(1), 16)
+                if tgt < addr:
+                    region = [x for x in ins if tgt <= x[0] <= addr]
+                    h = sum(1 for x in region if x[1].startswith("HMMA"))
+                    if best is None or h > best[0]:
+                        best = (h, region)
+        total = Counter(x[1].split(".")[0] for x in ins)
+        print(f"== {label}: {name}")
+        print(f"whole kernel: {len(ins)} instructions, HMMA {total.get('HMMA', 0)}, LDL/STL {total.get('LDL', 0) + total.get('STL', 0)}")
+        if best:
+            h, region = best
+            c = Counter(x[1].split(".")[0] for x in region)
+            tiles = h // nt if h else 0
+            print(f"page loop: {len(region)} warp instructions, HMMA {h} -> {tiles} tiles of 16x16 per warp per page")
+            if tiles:
+                print(f"  {len(region) / tiles:.1f} warp instructions per tile, {len(region) * 32 / (tiles * 256):.2f} per element")
+            print("  " + ", ".join(f"{k} {v}" for k, v in c.most_common(30)))
+        return
+    print(f"== {label}: no function matching {key}")
+
+
+if __name__ == "__main__":
+    main()

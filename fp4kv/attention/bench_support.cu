@@ -1,0 +1,129 @@
+#include "fp4kv/attention/bench_support.h"
+
+namespace fp4kv::attention::bench {
+
+namespace {
+
+__device__ __forceinline__ uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+struct FillArgs {
+  uint8_t* pool;
+  long long units;  // 16-byte units
+  long long block_stride;
+  int head_bytes;
+  int fmt;  // 0 nvfp4, 1 mxfp4, 2 fp8, 3 bf16
+  int k_codes, k_scales, v_codes, v_scales, page_scales;
+  uint64_t seed;
+};
+
+__global__ void fill_pages_kernel(const FillArgs a) {
+  for (long long u = blockIdx.x * (long long)blockDim.x + threadIdx.x; u < a.units; u += (long long)gridDim.x * blockDim.x) {
+    const long long off = u * 16;
+    const int o = int((off % a.block_stride) % a.head_bytes);
+    const uint64_t r0 = mix(a.seed ^ (uint64_t(u) * 2 + 0)), r1 = mix(a.seed ^ (uint64_t(u) * 2 + 1));
+    uint32_t w[4] = {uint32_t(r0), uint32_t(r0 >> 32), uint32_t(r1), uint32_t(r1 >> 32)};
+    if (a.fmt == 3) {  // bf16: sign, exponent 126..127, random mantissa
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[i] = (w[i] & 0x807F807Fu) | 0x3F003F00u;
+    } else if (a.fmt == 2) {  // fp8 E4M3 without NaN: clear the exponent's top bit
+      if (o >= a.page_scales) {
+        const float s = 0.01f;
+        w[0] = w[1] = __float_as_uint(s);
+        w[2] = w[3] = 0u;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] &= 0xBFBFBFBFu;
+      }
+    } else {
+      const bool scales = (o >= a.k_scales && o < a.v_codes) || (o >= a.v_scales && o < a.page_scales);
+      if (o >= a.page_scales) {
+        const float s = a.fmt == 0 ? 0.01f : 1.0f / 32768.0f;  // MXFP4: 2^(emax - 15), emax = 0
+        w[0] = w[1] = __float_as_uint(s);
+        w[2] = w[3] = 0u;
+      } else if (scales) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          w[i] = a.fmt == 0 ? ((w[i] & 0x1F1F1F1Fu) | 0x30303030u)      // E4M3 0.5 .. ~8
+                            : ((w[i] & 0x07070707u) | 0x78787878u);     // E8M0 120 .. 127
+      }
+    }
+    *reinterpret_cast<uint4*>(a.pool + off) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+__global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    p[i] = uint16_t((mix(seed ^ i) & 0x807Fu) | 0x3F00u);
+}
+
+__global__ void fill_float_kernel(float* p, size_t n, float scale, uint64_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const uint64_t r = mix(seed ^ i);
+    p[i] = scale * (float(uint32_t(r) >> 8) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
+__global__ void __launch_bounds__(512) stream_read_kernel(const uint4* __restrict__ p, size_t n4, unsigned long long* sink) {
+  uint32_t acc = 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n4; i += 4 * stride) {
+    const uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride), d = __ldcs(p + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n4; i += stride) {
+    const uint4 a = __ldcs(p + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (acc == 0x9E3779B9u) *sink = acc;
+}
+
+int grid_for(long long work) {
+  int dev = 0, sms = 132;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const long long g = (work + 255) / 256;
+  return int(g < sms * 16LL ? (g > 0 ? g : 1) : sms * 16LL);
+}
+
+}  // namespace
+
+void fill_random_pages(uint8_t* pool, long long blocks, long long block_stride, int kv_heads, const cache::PageLayout& L,
+                       uint64_t seed, cudaStream_t stream) {
+  (void)kv_heads;
+  FillArgs a{};
+  a.pool = pool;
+  a.units = blocks * block_stride / 16;
+  a.block_stride = block_stride;
+  a.head_bytes = L.bytes;
+  a.fmt = L.format == KvFormat::nvfp4 ? 0 : L.format == KvFormat::mxfp4 ? 1 : L.format == KvFormat::fp8 ? 2 : 3;
+  a.k_codes = L.k_codes;
+  a.k_scales = L.k_scales;
+  a.v_codes = L.v_codes;
+  a.v_scales = L.v_scales;
+  a.page_scales = a.fmt == 3 ? L.bytes : L.page_scales;
+  a.seed = seed;
+  fill_pages_kernel<<<grid_for(a.units), 256, 0, stream>>>(a);
+}
+
+void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, cudaStream_t stream) {
+  fill_bf16_kernel<<<grid_for((long long)n), 256, 0, stream>>>(p, n, seed);
+}
+
+void fill_random_float(float* p, size_t n, float scale, uint64_t seed, cudaStream_t stream) {
+  fill_float_kernel<<<grid_for((long long)n), 256, 0, stream>>>(p, n, scale, seed);
+}
+
+void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStream_t stream) {
+  int dev = 0, sms = 132;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  stream_read_kernel<<<sms * 4, 512, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
+}
+
+}  // namespace fp4kv::attention::bench

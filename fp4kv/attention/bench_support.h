@@ -1,0 +1,28 @@
+// Device helpers of the decode benchmark (`fp4kv bench decode`): random but valid cache
+// pages written directly on the device (no CPU quantizer, so a sweep over 100 GB of cache
+// sets up in milliseconds), and a streaming-read kernel that measures the read bandwidth
+// the decode kernels are held to.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fp4kv/cache/layout.h"
+
+namespace fp4kv::attention::bench {
+
+// Fills `blocks` cache blocks (block_stride bytes apart, kv_heads head parts of layout L
+// each) with random codes and in-range block/page scales (timing data: no NaN or Inf).
+void fill_random_pages(uint8_t* pool, long long blocks, long long block_stride, int kv_heads, const cache::PageLayout& L,
+                       uint64_t seed, cudaStream_t stream = nullptr);
+// n random BF16 values in +-[0.5, 2).
+void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, cudaStream_t stream = nullptr);
+// n random floats in +-scale.
+void fill_random_float(float* p, size_t n, float scale, uint64_t seed, cudaStream_t stream = nullptr);
+// Reads `bytes` (a multiple of 64) with 16-byte streaming loads; writes a checksum to *sink
+// only if it matches an impossible value (so the loads are not removed).
+void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStream_t stream = nullptr);
+
+}  // namespace fp4kv::attention::bench

@@ -1,0 +1,415 @@
+// `fp4kv bench decode`: decode-attention speed sweep on the GPU (issue 6). For each point
+// (shape x context x batch x preset): median of CUDA-event-timed runs over rotated cache
+// copies (cold L2), the KV bytes actually read, TB/s, the fraction of the read bandwidth
+// measured in the same run by a streaming-read kernel, and the speedup over our bf16 kernel
+// (and over PyTorch SDPA when its JSON from bench/sdpa_baseline.py is given). Writes a
+// markdown table, JSON and an SVG plot of speedup against context.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fp4kv/attention/bench_support.h"
+#include "fp4kv/attention/decode.h"
+#include "fp4kv/core/error.h"
+#include "tools/commands.h"
+
+namespace fp4kv::cli {
+
+namespace {
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("bench: ") + what + ": " + cudaGetErrorString(e));
+}
+
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  Dev() = default;
+  explicit Dev(size_t n) { ck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+std::vector<std::string> split_csv(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string t;
+  while (std::getline(in, t, ','))
+    if (!t.empty()) out.push_back(t);
+  return out;
+}
+
+struct Shape {
+  std::string name;
+  int q_heads, kv_heads, d;
+};
+
+Shape shape_of(const std::string& n) {
+  if (n == "qwen3-4b") return {n, 32, 8, 128};
+  if (n == "qwen3-30b-a3b") return {n, 32, 4, 128};
+  throw Error("bench: unknown shape '" + n + "' (qwen3-4b, qwen3-30b-a3b)");
+}
+
+struct BenchArgs {
+  std::string contexts = "4096,16384,32768,65536,131072,262144";
+  std::string batches = "1,8,16,32,64";
+  std::string shapes = "qwen3-4b,qwen3-30b-a3b";
+  std::string presets = "bf16,fp8,nvfp4-vanilla,nvfp4,nvfp4-native,mxfp4,mxfp4-native";
+  int runs = 30;
+  double rotate_gb = 1.0;
+  int max_splits = 128;
+  std::string json = "bench_decode.json", markdown = "bench_decode.md", svg = "bench_decode.svg", sdpa;
+};
+
+struct Point {
+  std::string shape, preset;
+  int context = 0, batch = 0, splits = 0, copies = 0;
+  double us = 0, bytes = 0, tbs = 0, frac = 0, x_bf16 = 0, sdpa_us = 0, x_sdpa = 0;
+  bool skipped = false;
+  std::string note;
+};
+
+template <class F>
+double median_us(int runs, F&& run) {
+  std::vector<cudaEvent_t> ev(2 * runs);
+  for (auto& e : ev) ck(cudaEventCreate(&e), "event");
+  for (int i = 0; i < runs; ++i) {
+    ck(cudaEventRecord(ev[2 * i]), "event");
+    run(i);
+    ck(cudaEventRecord(ev[2 * i + 1]), "event");
+  }
+  ck(cudaDeviceSynchronize(), "sync");
+  ck(cudaGetLastError(), "launch");
+  std::vector<float> t(runs);
+  for (int i = 0; i < runs; ++i) ck(cudaEventElapsedTime(&t[i], ev[2 * i], ev[2 * i + 1]), "elapsed");
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(t.begin(), t.end());
+  return double(t[runs / 2]) * 1e3;
+}
+
+// Read bandwidth (streaming loads over 4 GiB) and device-copy bandwidth (read + write).
+void measure_bandwidth(double& read_tbs, double& copy_tbs) {
+  const size_t bytes = size_t(4) << 30;
+  Dev<uint8_t> buf(bytes);
+  Dev<unsigned long long> sink(1);
+  ck(cudaMemset(buf.p, 1, bytes), "memset");
+  for (int i = 0; i < 3; ++i) attention::bench::stream_read(buf.p, bytes, sink.p);
+  read_tbs = double(bytes) / (median_us(15, [&](int) { attention::bench::stream_read(buf.p, bytes, sink.p); }) * 1e-6) / 1e12;
+  const size_t half = bytes / 2;
+  for (int i = 0; i < 2; ++i) ck(cudaMemcpyAsync(buf.p + half, buf.p, half, cudaMemcpyDeviceToDevice), "copy");
+  copy_tbs =
+      2.0 * double(half) /
+      (median_us(15, [&](int) { cudaMemcpyAsync(buf.p + half, buf.p, half, cudaMemcpyDeviceToDevice); }) * 1e-6) / 1e12;
+}
+
+Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, const BenchArgs& A, int sms) {
+  Point pt;
+  pt.shape = s.name;
+  pt.preset = preset;
+  pt.context = ctx;
+  pt.batch = batch;
+  const Recipe r = parse_recipe(preset);
+  const int d = s.d, H = s.kv_heads, QH = s.q_heads;
+  const cache::PageLayout L = cache::PageLayout::make(r.kv, d);
+  const long long stride = (long long)L.bytes * H;
+  const int pages = std::max(1, attention::attended_pages(ctx, r));
+  const bool slots_used = attention::uses_slot_buffer(r);
+  const DecodeLayout lay = decode_layout(ctx, true, r.kv != KvFormat::bf16 && r.bf16_sink, r.kv != KvFormat::bf16 && r.bf16_recent);
+  const int bf16_tokens = r.kv == KvFormat::bf16 ? 0 : lay.bf16_tokens();
+  const double slot_bytes_read = double(bf16_tokens) * d * 2 * 2 * H;  // per row
+  const double copy_bytes = double(batch) * pages * stride;
+  pt.bytes = double(batch) * (double(pages) * stride + slot_bytes_read);
+  const size_t slot_row_elems = size_t(H) * 2 * cache::kSlotRows * d;  // one slot
+  size_t free_b = 0, total_b = 0;
+  ck(cudaMemGetInfo(&free_b, &total_b), "meminfo");
+  const double margin = 2.0e9 + double(batch) * QH * (A.max_splits + 2) * (d + 1) * 4.0;
+  int copies = int(std::max(1.0, std::ceil(A.rotate_gb * 1e9 / (copy_bytes + batch * slot_row_elems * 2.0))));
+  while (copies > 1 && copies * (copy_bytes + batch * slot_row_elems * 2.0) > double(free_b) - margin) --copies;
+  if (copy_bytes + batch * slot_row_elems * 2.0 > double(free_b) - margin) {
+    pt.skipped = true;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "skipped: needs %.1f GB, %.1f GB free", (copy_bytes + batch * slot_row_elems * 2.0) / 1e9,
+                  double(free_b) / 1e9);
+    pt.note = buf;
+    return pt;
+  }
+  pt.copies = copies;
+  const long long nblocks = (long long)batch * pages * copies;
+  Dev<uint8_t> pool(size_t(nblocks) * stride);
+  attention::bench::fill_random_pages(pool.p, nblocks, stride, H, L, 0x1234u + ctx + batch);
+  const int nslots = slots_used ? batch * copies : 1;
+  Dev<uint16_t> slots(size_t(nslots) * slot_row_elems);
+  if (slots_used) attention::bench::fill_random_bf16(slots.p, size_t(nslots) * slot_row_elems, 77);
+  std::vector<int32_t> tables(size_t(copies) * batch * pages);
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = int32_t(i);
+  Dev<int32_t> dtab(tables.size()), dlen(batch);
+  ck(cudaMemcpy(dtab.p, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice), "upload");
+  const std::vector<int32_t> lens(batch, ctx);
+  ck(cudaMemcpy(dlen.p, lens.data(), batch * 4, cudaMemcpyHostToDevice), "upload");
+  Dev<float> q(size_t(batch) * QH * d), out(size_t(batch) * QH * d), lse(size_t(batch) * QH), mu(size_t(H) * d);
+  attention::bench::fill_random_float(q.p, size_t(batch) * QH * d, 2.0f, 5);
+  attention::bench::fill_random_float(mu.p, size_t(H) * d, 0.5f, 6);
+  attention::DecodeParams p;
+  p.pool = pool.p;
+  p.block_stride = stride;
+  p.layout = L;
+  p.kv_heads = H;
+  p.q_heads = QH;
+  p.head_dim = d;
+  p.slot_buffer = slots.p;
+  p.slots = nslots;
+  p.mu_k = mu.p;
+  const int target = attention::split_target_ctas(p, r, batch, sms);
+  // The grid is sized by the plan's capacity (max_splits + 1 CTAs per row and head): use the
+  // splits this point needs as the capacity, so no empty CTAs are launched.
+  int cap = 1;
+  {
+    attention::HostStepPlan probe(batch, A.max_splits);
+    probe.fill(std::vector<int>(lens.begin(), lens.end()), r, H, 0, {}, target);
+    for (int x : probe.splits()) cap = std::max(cap, x);
+  }
+  // One plan per copy: copy c uses slots [c * batch, (c + 1) * batch).
+  std::vector<std::unique_ptr<attention::HostStepPlan>> plans;
+  const int nplans = slots_used ? copies : 1;
+  for (int c = 0; c < nplans; ++c) {
+    std::vector<int> sl(batch);
+    for (int b = 0; b < batch; ++b) sl[b] = slots_used ? c * batch + b : b;
+    plans.push_back(std::make_unique<attention::HostStepPlan>(batch, cap));
+    plans.back()->fill(std::vector<int>(lens.begin(), lens.end()), r, H, 0, sl, target);
+  }
+  pt.splits = plans[0]->splits()[0];
+  attention::DecodeWorkspace ws(batch, QH, d, cap);
+  auto run = [&](int i) {
+    const int c = i % copies;
+    attention::decode_attention(p, r, q.p, dtab.p + size_t(c) * batch * pages, dlen.p, batch, pages,
+                                plans[slots_used ? c : 0]->plan(), ws, out.p, lse.p);
+  };
+  for (int i = 0; i < 3; ++i) run(i);
+  ck(cudaDeviceSynchronize(), "warm-up");
+  pt.us = median_us(A.runs, [&](int i) { run(i + 1); });
+  pt.tbs = pt.bytes / (pt.us * 1e-6) / 1e12;
+  return pt;
+}
+
+std::string fmt(const char* f, double x) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, x);
+  return b;
+}
+
+// Speedup over our bf16 kernel against context, one panel per (shape, batch), one line per preset.
+void write_svg(const std::string& path, const std::vector<Point>& pts, const std::vector<Shape>& shapes,
+               const std::vector<int>& batches, const std::vector<int>& ctxs, const std::vector<std::string>& presets,
+               const std::string& title) {
+  const int pw = 260, ph = 200, ml = 50, mt = 40, gap = 30;
+  const int W = ml + int(batches.size()) * (pw + gap) + 150, Hh = mt + int(shapes.size()) * (ph + gap + 20) + 20;
+  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"};
+  double ymax = 1.0;
+  for (const auto& p : pts)
+    if (!p.skipped) ymax = std::max({ymax, p.x_bf16, p.x_sdpa});
+  ymax = std::ceil(ymax);
+  std::ofstream o(path);
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << Hh
+    << "\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  o << "<text x=\"" << ml << "\" y=\"18\" font-size=\"14\">" << title << "</text>\n";
+  std::vector<std::string> lines = presets;
+  lines.erase(std::remove(lines.begin(), lines.end(), std::string("bf16")), lines.end());
+  lines.push_back("sdpa");
+  const double lx0 = std::log2(double(ctxs.front())), lx1 = std::log2(double(ctxs.back()));
+  for (size_t si = 0; si < shapes.size(); ++si)
+    for (size_t bi = 0; bi < batches.size(); ++bi) {
+      const int x0 = ml + int(bi) * (pw + gap), y0 = mt + int(si) * (ph + gap + 20);
+      o << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << pw << "\" height=\"" << ph
+        << "\" fill=\"none\" stroke=\"#999\"/>\n";
+      o << "<text x=\"" << x0 + 4 << "\" y=\"" << y0 - 4 << "\">" << shapes[si].name << ", batch " << batches[bi]
+        << "</text>\n";
+      auto X = [&](int c) { return x0 + (lx1 > lx0 ? (std::log2(double(c)) - lx0) / (lx1 - lx0) : 0.5) * pw; };
+      auto Y = [&](double v) { return y0 + ph - v / ymax * ph; };
+      for (int t = 0; t <= int(ymax); ++t) {
+        o << "<line x1=\"" << x0 << "\" x2=\"" << x0 + pw << "\" y1=\"" << Y(t) << "\" y2=\"" << Y(t)
+          << "\" stroke=\"" << (t == 1 ? "#444" : "#eee") << "\"/>\n";
+        if (bi == 0) o << "<text x=\"" << x0 - 8 << "\" y=\"" << Y(t) + 4 << "\" text-anchor=\"end\">" << t << "x</text>\n";
+      }
+      for (int c : ctxs)
+        o << "<text x=\"" << X(c) << "\" y=\"" << y0 + ph + 14 << "\" text-anchor=\"middle\">" << c / 1024
+          << "K</text>\n";
+      for (size_t li = 0; li < lines.size(); ++li) {
+        std::string d;
+        for (int c : ctxs)
+          for (const auto& p : pts)
+            if (!p.skipped && p.shape == shapes[si].name && p.batch == batches[bi] && p.context == c &&
+                (lines[li] == "sdpa" ? (p.preset == "bf16" && p.x_sdpa > 0) : p.preset == lines[li])) {
+              const double v = lines[li] == "sdpa" ? (p.sdpa_us > 0 ? p.us / p.sdpa_us : 0) : p.x_bf16;
+              d += (d.empty() ? "M" : " L") + fmt("%.1f", X(c)) + "," + fmt("%.1f", Y(v));
+            }
+        if (!d.empty())
+          o << "<path d=\"" << d << "\" fill=\"none\" stroke=\"" << colors[li % 9] << "\" stroke-width=\"1.6\""
+            << (lines[li] == "sdpa" ? " stroke-dasharray=\"4,3\"" : "") << "/>\n";
+      }
+    }
+  const int lx = ml + int(batches.size()) * (pw + gap);
+  for (size_t li = 0; li < lines.size(); ++li) {
+    const int y = mt + 10 + int(li) * 16;
+    o << "<line x1=\"" << lx << "\" x2=\"" << lx + 20 << "\" y1=\"" << y << "\" y2=\"" << y << "\" stroke=\""
+      << colors[li % 9] << "\" stroke-width=\"2\"" << (lines[li] == "sdpa" ? " stroke-dasharray=\"4,3\"" : "")
+      << "/>\n<text x=\"" << lx + 26 << "\" y=\"" << y + 4 << "\">"
+      << (lines[li] == "sdpa" ? "PyTorch SDPA bf16" : lines[li]) << "</text>\n";
+  }
+  o << "<text x=\"" << lx << "\" y=\"" << mt + 20 + int(lines.size()) * 16
+    << "\">y: speedup over our bf16 kernel</text>\n</svg>\n";
+}
+
+int run_bench(const BenchArgs& A) {
+  int dev = 0;
+  ck(cudaGetDevice(&dev), "device");
+  cudaDeviceProp prop;
+  ck(cudaGetDeviceProperties(&prop, dev), "properties");
+  const int sms = prop.multiProcessorCount;
+  double read_tbs = 0, copy_tbs = 0;
+  measure_bandwidth(read_tbs, copy_tbs);
+  std::printf("device %s, %d SMs, L2 %d MB: streaming read %.2f TB/s, device copy %.2f TB/s (read + write)\n", prop.name,
+              sms, prop.l2CacheSize >> 20, read_tbs, copy_tbs);
+  std::map<std::string, double> sdpa;  // "shape/ctx/batch" -> us
+  if (!A.sdpa.empty()) {
+    std::ifstream in(A.sdpa);
+    require(bool(in), "bench: cannot read '" + A.sdpa + "'");
+    const auto j = nlohmann::json::parse(in);
+    for (const auto& e : j.at("points"))
+      if (e.contains("us") && !e.at("us").is_null())
+        sdpa[e.at("shape").get<std::string>() + "/" + std::to_string(e.at("context").get<int>()) + "/" +
+             std::to_string(e.at("batch").get<int>())] = e.at("us").get<double>();
+  }
+  std::vector<Shape> shapes;
+  for (const auto& s : split_csv(A.shapes)) shapes.push_back(shape_of(s));
+  std::vector<int> ctxs, batches;
+  for (const auto& c : split_csv(A.contexts)) ctxs.push_back(std::stoi(c));
+  for (const auto& b : split_csv(A.batches)) batches.push_back(std::stoi(b));
+  const auto presets = split_csv(A.presets);
+  for (const auto& pr : presets) (void)parse_recipe(pr);  // fail early on a bad name
+  std::vector<Point> pts;
+  std::printf("%-14s %7s %5s %-14s %10s %9s %7s %6s %7s %7s %6s\n", "shape", "ctx", "batch", "preset", "median_us", "KV_MB",
+              "TB/s", "%read", "x_bf16", "x_sdpa", "splits");
+  for (const auto& s : shapes)
+    for (int c : ctxs)
+      for (int b : batches) {
+        double bf16_us = 0;
+        for (const auto& pr : presets) {
+          Point p = run_point(s, pr, c, b, A, sms);
+          const auto it = sdpa.find(s.name + "/" + std::to_string(c) + "/" + std::to_string(b));
+          if (!p.skipped) {
+            p.frac = p.tbs / read_tbs;
+            if (pr == "bf16") bf16_us = p.us;
+            p.x_bf16 = bf16_us > 0 ? bf16_us / p.us : 0;
+            if (it != sdpa.end()) {
+              p.sdpa_us = it->second;
+              p.x_sdpa = it->second / p.us;
+            }
+            std::printf("%-14s %7d %5d %-14s %10.1f %9.1f %7.2f %5.1f%% %7.2f %7.2f %6d\n", s.name.c_str(), c, b, pr.c_str(),
+                        p.us, p.bytes / 1e6, p.tbs, 100 * p.frac, p.x_bf16, p.x_sdpa, p.splits);
+          } else {
+            std::printf("%-14s %7d %5d %-14s %s\n", s.name.c_str(), c, b, pr.c_str(), p.note.c_str());
+          }
+          std::fflush(stdout);
+          pts.push_back(p);
+        }
+      }
+  // bf16 ran first in each group only if listed first; recompute the ratios now.
+  for (auto& p : pts) {
+    if (p.skipped) continue;
+    for (const auto& q : pts)
+      if (!q.skipped && q.preset == "bf16" && q.shape == p.shape && q.context == p.context && q.batch == p.batch)
+        p.x_bf16 = q.us / p.us;
+  }
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  nlohmann::json j;
+  j["date"] = date;
+  j["device"] = prop.name;
+  j["sms"] = sms;
+  j["read_tbs"] = read_tbs;
+  j["copy_tbs"] = copy_tbs;
+  j["runs"] = A.runs;
+  j["points"] = nlohmann::json::array();
+  for (const auto& p : pts) {
+    nlohmann::json e{{"shape", p.shape}, {"preset", p.preset}, {"context", p.context}, {"batch", p.batch}};
+    if (p.skipped) {
+      e["skipped"] = p.note;
+    } else {
+      e["us"] = p.us;
+      e["kv_bytes"] = p.bytes;
+      e["tbs"] = p.tbs;
+      e["read_fraction"] = p.frac;
+      e["x_bf16"] = p.x_bf16;
+      e["splits"] = p.splits;
+      e["copies"] = p.copies;
+      if (p.sdpa_us > 0) {
+        e["sdpa_us"] = p.sdpa_us;
+        e["x_sdpa"] = p.x_sdpa;
+      }
+    }
+    j["points"].push_back(e);
+  }
+  std::ofstream(A.json) << j.dump(1) << "\n";
+  std::ofstream md(A.markdown);
+  md << "Decode attention, one layer, " << date << ", " << prop.name << " (" << sms << " SMs). Streaming read "
+     << fmt("%.2f", read_tbs) << " TB/s, device copy " << fmt("%.2f", copy_tbs)
+     << " TB/s (read + write), measured in the same run. Median of " << A.runs
+     << " CUDA-event-timed runs over rotated cache copies. KV MB: pool pages plus BF16 sink/recent rows read. "
+        "x bf16: our bf16 kernel's time over this one; x SDPA: PyTorch SDPA bf16 time over this one.\n\n";
+  md << "| shape | context | batch | preset | time (us) | KV MB | TB/s | % of read BW | x bf16 | SDPA bf16 (us) | x SDPA | splits |\n";
+  md << "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const auto& p : pts) {
+    if (p.skipped) {
+      md << "| " << p.shape << " | " << p.context << " | " << p.batch << " | " << p.preset << " | " << p.note
+         << " | | | | | | | |\n";
+      continue;
+    }
+    md << "| " << p.shape << " | " << p.context / 1024 << "K | " << p.batch << " | " << p.preset << " | "
+       << fmt("%.1f", p.us) << " | " << fmt("%.1f", p.bytes / 1e6) << " | " << fmt("%.2f", p.tbs) << " | "
+       << fmt("%.0f%%", 100 * p.frac) << " | " << fmt("%.2f", p.x_bf16) << " | "
+       << (p.sdpa_us > 0 ? fmt("%.1f", p.sdpa_us) : std::string("-")) << " | "
+       << (p.sdpa_us > 0 ? fmt("%.2f", p.x_sdpa) : std::string("-")) << " | " << p.splits << " |\n";
+  }
+  write_svg(A.svg, pts, shapes, batches, ctxs, presets,
+            std::string("fp4kv decode attention: speedup over our bf16 kernel, ") + prop.name + ", " + date);
+  std::printf("wrote %s, %s, %s\n", A.markdown.c_str(), A.json.c_str(), A.svg.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Action add_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "GPU benchmarks (needs a CUDA device)");
+  auto* dec = cmd->add_subcommand("decode", "decode-attention sweep: time, TB/s, read-bandwidth fraction, speedup over bf16");
+  cmd->require_subcommand(1);
+  auto a = std::make_shared<BenchArgs>();
+  dec->add_option("--contexts", a->contexts, "context lengths (tokens), comma-separated")->capture_default_str();
+  dec->add_option("--batches", a->batches, "batch sizes, comma-separated")->capture_default_str();
+  dec->add_option("--shapes", a->shapes, "shapes: qwen3-4b (32/8 heads, d 128), qwen3-30b-a3b (32/4, d 128)")
+      ->capture_default_str();
+  dec->add_option("--presets", a->presets, "recipe presets, comma-separated")->capture_default_str();
+  dec->add_option("--runs", a->runs, "timed runs per point (median)")->capture_default_str()->check(CLI::Range(1, 100000));
+  dec->add_option("--rotate-gb", a->rotate_gb, "cache copies rotated so each point reads at least this many GB")
+      ->capture_default_str();
+  dec->add_option("--max-splits", a->max_splits, "split capacity per row")->capture_default_str()->check(CLI::Range(1, 4096));
+  dec->add_option("--json", a->json, "JSON output")->capture_default_str();
+  dec->add_option("--markdown", a->markdown, "markdown table output")->capture_default_str();
+  dec->add_option("--svg", a->svg, "SVG plot output")->capture_default_str();
+  dec->add_option("--sdpa", a->sdpa, "JSON from bench/sdpa_baseline.py (adds the SDPA column)");
+  return [a, dec] { return dec->parsed() ? run_bench(*a) : 1; };
+}
+
+}  // namespace fp4kv::cli
