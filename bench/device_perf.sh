@@ -30,6 +30,12 @@ if [ "$WHAT" != bench ]; then
   grep -E "^\[  (FAILED|PASSED)|Failure|tests ran" "$OUT"/tests.log | head -20
   timeout 120 $B/fp4kv_attention_step_tests > /tmp/step.log 2>&1; st=$?; cat /tmp/step.log >> "$OUT"/tests.log; (exit $st); echo "step tests rc=$?"
   grep -E "^\[  (FAILED|PASSED)|Failure|tests ran" /tmp/step.log | head -10
+  timeout 200 $B/fp4kv_cache_tests > /tmp/cache.log 2>&1; st=$?; cat /tmp/cache.log >> "$OUT"/tests.log; (exit $st); echo "cache tests rc=$?"
+  grep -E "^\[  (FAILED|PASSED)|Failure|tests ran" /tmp/cache.log | head -10
+  if [ -n "$SANITIZE" ]; then
+    timeout 150 compute-sanitizer --tool memcheck $B/fp4kv_attention_tests --gtest_filter="$SANITIZE" > "$OUT"/memcheck.log 2>&1
+    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT"/memcheck.log | tail -3
+  fi
 fi
 if [ "$WHAT" != tests ]; then
   PYTHONUNBUFFERED=1 timeout 150 python3 bench/sdpa_baseline.py --json "$OUT"/sdpa.json --runs 15 > /tmp/sdpa.log 2>&1

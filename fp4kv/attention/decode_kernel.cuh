@@ -2,8 +2,7 @@
 // combine kernel. Included by the instantiation units decode_*.cu only.
 //
 // CTA = (split, KV head, batch row), 8 warps. Warp w owns key group w (keys 16w .. 16w + 15)
-// of every page, for both products, so the only CTA-wide exchange per page is the tile
-// maximum of the softmax:
+// of every page for S and the softmax:
 //   S^T = K Q^T   A = the warp's 16 x 16 K tiles expanded from the fragment-ordered page in
 //                 registers (FP4: 11 integer operations per 8 codes + one HMUL2 by the block
 //                 scale per half2); B = the query columns, held in registers (built once in
@@ -14,14 +13,18 @@
 //                 MXFP4 block is a warp pair), tile maximum over the 8 warps through shared
 //                 memory (one barrier per page, double-buffered); P quantized per block in
 //                 registers; row sums use the unquantized p.
-//   O^T += V^T P^T  A = V^T tiles of all channel groups for the warp's k-step (its 16
-//                 keys), B = P^T of the warp's own keys through a warp-private slice of
-//                 shared memory; every warp keeps the partial O of all channels; the 8
-//                 partials (same running maximum) are summed in warp order at the end.
-// Pages stream through NS shared-memory stages with cp.async (16-byte chunks, code arrays
-// re-ordered on the fly so each warp reads 512 contiguous bytes per 16-byte K load). With
-// NS >= 3 the one barrier per page also publishes the next page and frees the stage of the
-// previous one, so NS - 2 pages stay in flight while one is computed.
+//   O^T += V^T P^T  FP4/FP8: warp w owns channel group(s) of O (16 channels; d = 64: two
+//                 warps per group, half the keys each) over all keys of the page, B = P^T
+//                 of the whole page from shared memory. It runs one page behind S, so the
+//                 page's one barrier publishes both the tile maxima of page i and P of page
+//                 i - 1; every warp keeps only its channels of O (4 registers at d = 128).
+//                 BF16: every warp multiplies its own 16 keys into all channels of O (8
+//                 partials, summed at the end), as its stages are too large for the lag.
+// FP4/FP8 pages arrive by one bulk (TMA) copy each, completed on a per-stage mbarrier that
+// every thread waits on before use (the stored part-major code order, layout.h, makes the
+// warp's 16-byte loads conflict-free without re-ordering); NS - 2 pages stay in flight.
+// BF16 pages stream through cp.async stages (zero fill, row swizzle) with the one barrier
+// per page also publishing the next page.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -50,6 +53,9 @@ template <int FMT, int D, int T, int NT>
 struct Geo {
   static constexpr cache::PageLayout L = cache::PageLayout::make(kv_format_of(FMT), D);
   static constexpr bool kFp4 = FMT == kNv || FMT == kMx;
+  // FP4/FP8 pages arrive by one bulk copy each and P.V runs one page behind S (below);
+  // BF16 pages need a zero fill past the last token and a row swizzle: cp.async.
+  static constexpr bool kBulk = FMT != kBf16;
   static constexpr int BLK = FMT == kNv ? 16 : FMT == kMx ? 32 : 0;
   static constexpr int KS = D / 16;                                   // k-steps of Q.K
   static constexpr int KW = kFp4 ? KS * 4 : KS * 8;                   // K code bytes per lane per key group
@@ -57,70 +63,69 @@ struct Geo {
   static constexpr int KCPL = KW / 16, VCPL = VW / 16;                // 16-byte parts per lane
   static constexpr int KS_PER_PART = kFp4 ? 4 : 2;                    // k-steps in one 16-byte part
   static constexpr int STAGE = L.bytes;
-  static constexpr int CG = D / 16;                                   // channel groups (P.V, every warp)
+  static constexpr int CG = D / 16;                                   // channel groups of P.V
   static constexpr int NTP = T == 2 ? (NT + 1) / 2 : NT;              // n-tiles of P.V (heads / 8)
+  // Who does P.V. BF16: every warp, all CG channel groups, its own 16 keys (8 partial Os).
+  // Bulk: warp w owns CGW channel groups over KSP k-steps of every page; d = 64 has 4
+  // channel groups, so two warps share one, each over half the keys (KP = 2 partials).
+  static constexpr int CGW = kBulk ? (CG >= kWarps ? CG / kWarps : 1) : CG;
+  static constexpr int KP = kBulk ? kWarps * CGW / CG : kWarps;       // partial-O slices
+  static constexpr int KSP = kBulk ? kPageTokens / 16 / KP : 1;       // P.V k-steps per warp and page
   static constexpr int GMAX = (8 * NT / T) < kMaxG ? 8 * NT / T : kMaxG;
   // Query B fragments in registers when they are few (else re-read from shared memory).
   static constexpr bool kQReg = KS * NT * 2 <= 16;
   // shared memory: [region: page stages | BF16 sink/recent rows | final O merge][extras]
   static constexpr int QFRAG = KS * NT * 32 * 8;
-  static constexpr int PS = 16 * kPsStride * 2;
+  static constexpr int PS = 16 * kPsStride * 2 * (kBulk ? 2 : 1);   // P^T, double-buffered when lagged
   static constexpr int SC = 4 * (2 * kMaxG + 2 * kMaxG * kWarps + kMaxG * kWarps + kMaxG + kMaxG * 16);
+  static constexpr int MBAR = 8 * 8;                                  // one mbarrier per stage (<= 8)
   static constexpr int BF16_NEED = FMT == kBf16 ? 0 : 2 * kBf16Rows * D * 2 + kMaxG * kBf16Rows * 4;
-  static constexpr int OMERGE = kWarps * NTP * 8 * D * 4;
-  static constexpr int EXTRA = cache::align_up(QFRAG) + cache::align_up(PS) + cache::align_up(SC) + GMAX * D * 4;
+  static constexpr int OMERGE = KP * NTP * 8 * D * 4;
+  // The FP32 queries [G][D] live only through the prologue: bulk kernels keep them in the
+  // P^T buffers (zeroed after the prologue), BF16 kernels after the other extras.
+  static constexpr int QF_BYTES = GMAX * D * 4;
+  static constexpr int PSR = kBulk ? cmax(PS, QF_BYTES) : PS;  // the P^T (and query) buffer
+  static constexpr int EXTRA = cache::align_up(QFRAG) + cache::align_up(PSR) + cache::align_up(SC) +
+                               cache::align_up(MBAR) + (kBulk ? 0 : QF_BYTES);
   static constexpr int region(int ns) { return cache::align_up(cmax(ns * STAGE, cmax(BF16_NEED, OMERGE))); }
   // Two CTAs (16 warps) per SM when shared memory and the O registers allow, else one.
   static constexpr int kBudget2 = 115712, kBudget1 = 232448;
   // (MXFP4 dual-residual needs more than 128 registers: its query quantizer spills else.)
-  static constexpr bool kTwo = CG * NTP * 4 <= 32 && region(3) + EXTRA <= kBudget2 && !(FMT == kMx && T == 2);
+  static constexpr bool kTwo = CGW * NTP * 4 <= 32 && region(3) + EXTRA <= kBudget2 && !(FMT == kMx && T == 2);
+  // Stages: the lagged P.V keeps two pages resident (S of page i, P.V of page i - 1), so a
+  // bulk kernel has NS - 2 pages in flight (NS >= 3); a BF16 kernel NS - 2 for NS >= 3.
   static constexpr int pick_ns() {
-    if (kTwo) return region(4) + EXTRA <= kBudget2 ? 4 : 3;
-    for (int ns = 5; ns > 1; --ns)
-      if (region(ns) + EXTRA <= kBudget1) return ns;
-    return 1;
+    for (int ns = kTwo ? 5 : 6; ns > (kBulk ? 3 : 1); --ns)
+      if (region(ns) + EXTRA <= (kTwo ? kBudget2 : kBudget1)) return ns;
+    return kBulk ? 3 : 1;
   }
   static constexpr int NS = pick_ns();
+  static_assert(NS <= MBAR / 8, "one mbarrier per stage");
   static constexpr int kMinBlocks = kTwo ? 2 : 1;
   static constexpr int REGION = region(NS);
   static constexpr int QFRAG_OFF = REGION;
   static constexpr int PS_OFF = QFRAG_OFF + cache::align_up(QFRAG);
-  static constexpr int SC_OFF = PS_OFF + cache::align_up(PS);
-  static constexpr int QF_OFF = SC_OFF + cache::align_up(SC);  // queries [G][D] float, last
-  static constexpr int smem_bytes(int G) { return QF_OFF + G * D * 4; }
+  static constexpr int SC_OFF = PS_OFF + cache::align_up(PSR);
+  static constexpr int MBAR_OFF = SC_OFF + cache::align_up(SC);
+  static constexpr int QF_OFF = kBulk ? PS_OFF : MBAR_OFF + cache::align_up(MBAR);
+  static constexpr int smem_bytes(int G) { return kBulk ? MBAR_OFF + cache::align_up(MBAR) : QF_OFF + G * D * 4; }
   static_assert(smem_bytes(GMAX) <= kBudget1, "decode kernel shared memory over the per-block limit");
 };
 
 // ---- Page loads ---------------------------------------------------------------------------
 
-template <int FMT, int D, int T, int NT>
-__device__ __forceinline__ void load_page(uint8_t* stage, const uint8_t* src, int valid_tokens, int tid) {
-  using G_ = Geo<FMT, D, T, NT>;
-  constexpr auto L = G_::L;
+// BF16 page: cp.async with a zero fill past the valid tokens (garbage there could be NaN)
+// and rows swizzled by 16-byte chunk (conflict-free ldmatrix).
+template <int D>
+__device__ __forceinline__ void load_bf16_page(uint8_t* stage, const uint8_t* src, int valid_tokens, int tid) {
+  constexpr auto L = cache::PageLayout::make(KvFormat::bf16, D);
   const uint32_t dst = smem_u32(stage);
-  if constexpr (FMT == kBf16) {
-    constexpr int CPR = D / 8;  // 16-byte chunks per row
-    for (int c = tid; c < 2 * kPageTokens * CPR; c += kThreads) {
-      const int kv = c / (kPageTokens * CPR), rem = c % (kPageTokens * CPR);
-      const int t = rem / CPR, ch = rem % CPR;
-      const int off = (kv ? L.v_codes : L.k_codes);
-      cp_async16(dst + off + (t * CPR + (ch ^ (t % 8))) * 16, src + off + (t * CPR + ch) * 16,
-                 t < valid_tokens ? 16 : 0);
-    }
-  } else {
-    constexpr int KC = (G_::kFp4 ? kPageTokens * D / 2 : kPageTokens * D) / 16;  // chunks per code array
-    for (int c = tid; c < KC; c += kThreads) {
-      cp_async16(dst + L.k_codes + swizzled_chunk(c, G_::KCPL) * 16, src + L.k_codes + c * 16);
-      cp_async16(dst + L.v_codes + swizzled_chunk(c, G_::VCPL) * 16, src + L.v_codes + c * 16);
-    }
-    if constexpr (G_::kFp4) {
-      constexpr int SCH = kPageTokens * (D / G_::BLK) / 16;  // chunks per scale array
-      for (int c = tid; c < SCH; c += kThreads) {
-        cp_async16(dst + L.k_scales + c * 16, src + L.k_scales + c * 16);
-        cp_async16(dst + L.v_scales + c * 16, src + L.v_scales + c * 16);
-      }
-    }
-    if (tid == 0) cp_async16(dst + L.page_scales, src + L.page_scales);
+  constexpr int CPR = D / 8;  // 16-byte chunks per row
+  for (int c = tid; c < 2 * kPageTokens * CPR; c += kThreads) {
+    const int kv = c / (kPageTokens * CPR), rem = c % (kPageTokens * CPR);
+    const int t = rem / CPR, ch = rem % CPR;
+    const int off = (kv ? L.v_codes : L.k_codes);
+    cp_async16(dst + off + (t * CPR + (ch ^ (t % 8))) * 16, src + off + (t * CPR + ch) * 16, t < valid_tokens ? 16 : 0);
   }
 }
 
@@ -428,19 +433,21 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
   constexpr int NSL = T == 2 ? NT : 2 * NT;  // softmax slots (heads) per thread
   constexpr int NTP = G_::NTP;               // n-tiles of P.V (heads / 8)
   constexpr int NSLP = 2 * NTP;              // P.V head slots per thread
-  constexpr int CG = G_::CG;
   constexpr int KS = G_::KS;
+  constexpr int CGW = G_::CGW;               // channel groups of O a warp holds
   constexpr bool kBf = FMT == kBf16;
+  constexpr bool kBulk = G_::kBulk;
 
   extern __shared__ __align__(128) uint8_t smem[];
   uint16_t* qfrag = reinterpret_cast<uint16_t*>(smem + G_::QFRAG_OFF);
-  uint16_t* ps = reinterpret_cast<uint16_t*>(smem + G_::PS_OFF);
+  uint16_t* ps = reinterpret_cast<uint16_t*>(smem + G_::PS_OFF);  // [1 or 2 buffers][16][kPsStride]
   float* qf = reinterpret_cast<float*>(smem + G_::QF_OFF);
   float* gfac = reinterpret_cast<float*>(smem + G_::SC_OFF);  // [2][kMaxG]
   float* red_max = gfac + 2 * kMaxG;                           // [2 buffers][kMaxG][kWarps]
   float* red_sum = red_max + 2 * kMaxG * kWarps;               // [kMaxG][kWarps]
   float* red_m = red_sum + kMaxG * kWarps;                     // [kMaxG]
   int* ebuf = reinterpret_cast<int*>(red_m + kMaxG);           // [kMaxG * 16]
+  const uint32_t bar0 = smem_u32(smem + G_::MBAR_OFF);         // [NS] mbarriers (bulk pages)
 
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -475,22 +482,38 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
   auto block_src = [&](int blk) { return a.pool + size_t(blk) * size_t(a.block_stride) + size_t(kvh) * size_t(a.head_bytes); };
   auto valid_of = [&](int pg) { return pg == pages - 1 ? lay.last_page_tokens : kPageTokens; };
   auto stage = [&](int s) { return smem + s * G_::STAGE; };
+  auto bulk_load = [&](int s, int blk) { bulk_copy_to_shared(smem_u32(stage(s)), block_src(blk), G_::STAGE, bar0 + 8 * s); };
 
   // Zero the operand buffers (padding columns stay zero), then start the page stream.
   for (int i = tid; i < G_::QFRAG / 4; i += kThreads) reinterpret_cast<uint32_t*>(qfrag)[i] = 0u;
-  for (int i = tid; i < G_::PS / 4; i += kThreads) reinterpret_cast<uint32_t*>(ps)[i] = 0u;
-  if constexpr (NS > 1) {
-    int first_blocks[NS - 1];  // all table reads first: one latency, not NS - 1
+  if constexpr (!kBulk)
+    for (int i = tid; i < G_::PS / 4; i += kThreads) reinterpret_cast<uint32_t*>(ps)[i] = 0u;
+  if constexpr (kBulk) {
+    if (tid == 0) {  // pages 0 .. NS - 1; the query prologue's barriers publish the mbarriers
+#pragma unroll
+      for (int s = 0; s < NS; ++s) mbar_init(bar0 + 8 * s, 1);
+      mbar_init_fence();
+      int first_blocks[NS];  // all table reads first: one latency
+#pragma unroll
+      for (int s = 0; s < NS; ++s) first_blocks[s] = s < npg ? __ldg(btab + p_begin + s) : 0;
+#pragma unroll
+      for (int s = 0; s < NS; ++s)
+        if (s < npg) bulk_load(s, first_blocks[s]);
+    }
+  } else if constexpr (NS > 1) {
+    int first_blocks[NS - 1];
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) first_blocks[s] = s < npg ? __ldg(btab + p_begin + s) : 0;
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
-      if (s < npg) load_page<FMT, D, T, NT>(stage(s), block_src(first_blocks[s]), valid_of(p_begin + s), tid);
+      if (s < npg) load_bf16_page<D>(stage(s), block_src(first_blocks[s]), valid_of(p_begin + s), tid);
       cp_async_commit();
     }
   }
   load_rotate_queries<D>(a, qf, b, kvh, tid);
   build_query_operand<FMT, D, T, NT>(a, qf, qfrag, gfac, ebuf, tid);
+  if constexpr (kBulk)  // the queries are consumed (barrier above): zero the P buffers they used
+    for (int i = tid; i < G_::PS / 4; i += kThreads) reinterpret_cast<uint32_t*>(ps)[i] = 0u;
 
   // Per-thread state. Softmax slots: T == 2: head 4 nt + lane % 4; T == 1: head
   // 8 nt + 2 (lane % 4) + e. P.V slots: head 8 ntp + 2 (lane % 4) + e.
@@ -507,9 +530,12 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
   }
 #pragma unroll
   for (int sp = 0; sp < NSLP; ++sp) m_p[sp] = neg_inf();
-  float o[CG][NTP][4];
+  // O^T fragments: channel group cg_of(ci) (16 channels) x n-tile j (8 heads).
+  auto cg_of = [&](int ci) { return kBulk ? warp % (G_::CG / CGW) + (G_::CG / CGW) * ci : ci; };
+  const int slice = kBulk ? warp / (G_::CG / CGW) : warp;  // which partial O this warp adds to
+  float o[CGW][NTP][4];
 #pragma unroll
-  for (int i = 0; i < CG; ++i)
+  for (int i = 0; i < CGW; ++i)
 #pragma unroll
     for (int j = 0; j < NTP; ++j)
 #pragma unroll
@@ -517,7 +543,6 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
 
   const bool mx_p = a.pmode == kPMx;
   const uint32_t* qfrag32 = reinterpret_cast<const uint32_t*>(qfrag);
-  const uint32_t* ps32 = reinterpret_cast<const uint32_t*>(ps);
   // Query B fragments (k-step ks, n-tile nt) in registers when few.
   uint32_t qreg[G_::kQReg ? KS : 1][NT][2];
   if constexpr (G_::kQReg) {
@@ -535,52 +560,9 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
     else return qfrag32[((ks * NT + nt) * 32 + lane) * 2 + r];
   };
 
-  if constexpr (NS >= 3) {
-    cp_async_wait<NS - 2>();  // page 0 (this thread's copies)
-    __syncthreads();          // page 0 visible
-  }
-  // Block id of the next page to load, fetched one iteration ahead so that the table read's
-  // latency is not paid after the barrier.
-  constexpr int kAhead = NS >= 3 ? NS - 1 : NS == 2 ? 1 : 0;
-  int blk_next = kAhead < npg ? __ldg(btab + p_begin + kAhead) : 0;
-
-  for (int it = 0; it < npg; ++it) {
-    if constexpr (NS == 1) {
-      if (it > 0) __syncthreads();  // everyone is done with page it - 1
-      load_page<FMT, D, T, NT>(stage(0), block_src(blk_next), valid_of(p_begin + it), tid);
-      cp_async_commit();
-      if (it + 1 < npg) blk_next = __ldg(btab + p_begin + it + 1);
-      cp_async_wait<0>();
-      __syncthreads();
-    } else if constexpr (NS == 2) {
-      cp_async_wait<0>();
-      __syncthreads();  // page it visible; everyone is done with page it - 1
-      if (it + 1 < npg) load_page<FMT, D, T, NT>(stage((it + 1) % 2), block_src(blk_next), valid_of(p_begin + it + 1), tid);
-      cp_async_commit();
-      if (it + 2 < npg) blk_next = __ldg(btab + p_begin + it + 2);
-    }
-    const uint8_t* st = stage(NS == 1 ? 0 : it % NS);
-    const int pg = p_begin + it;
-    const int first = pg == 0 ? lay.masked_prefix : 0, end = valid_of(pg);
-    const int buf = it & 1;
-
-    float kfac = 1.0f, vfac = 1.0f;
-    int pek = 0, pev = 0;
-    if constexpr (!kBf) {
-      const float* pscale = reinterpret_cast<const float*>(st + L.page_scales);
-      kfac = pscale[0];
-      vfac = pscale[1];
-      if constexpr (FMT == kMx) {
-        pek = pow2_exponent(kfac);
-        pev = pow2_exponent(vfac);
-      }
-      if constexpr (G_::kFp4) {
-        kfac = __fmul_rn(kfac, 16384.0f);
-        vfac = __fmul_rn(vfac, 16384.0f);
-      }
-    }
-
-    // ---- S^T = K Q^T for key group `warp` ------------------------------------------------
+  // ---- S^T = K Q^T for key group `warp`, logits, masks, warp maxima -> red_max[buf] -----------
+  auto score = [&](const uint8_t* st, float kfac, int pek, int first, int end, int buf, float (&sv)[NSL][2],
+                   float (&wm)[NSL]) {
     // Two accumulator chains (even and odd k-steps), added at the end: half the dependent
     // MMA latency per page.
     float acc2[2][NT][4];
@@ -590,7 +572,6 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
       for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc2[c][j][e] = 0.0f;
-
     if constexpr (kBf) {
       constexpr int CPR = D / 8;
 #pragma unroll
@@ -644,15 +625,6 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
         }
       }
     }
-
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[j][e] = acc2[0][j][e] + acc2[1][j][e];
-
-    // ---- logits, masks, block (= warp) maxima ----------------------------------------------
-    float sv[NSL][2], wm[NSL];
 #pragma unroll
     for (int sl = 0; sl < NSL; ++sl) {
       const int h = sm_head(sl);
@@ -661,9 +633,10 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
         const int key = 16 * warp + lane / 4 + 8 * rr;
         float x;
         if constexpr (T == 2) {
-          x = __fadd_rn(__fmul_rn(acc[sl][2 * rr], gf0[sl]), __fmul_rn(acc[sl][2 * rr + 1], gf1[sl]));
+          x = __fadd_rn(__fmul_rn(acc2[0][sl][2 * rr] + acc2[1][sl][2 * rr], gf0[sl]),
+                        __fmul_rn(acc2[0][sl][2 * rr + 1] + acc2[1][sl][2 * rr + 1], gf1[sl]));
         } else {
-          x = __fmul_rn(acc[sl / 2][2 * rr + sl % 2], gf0[sl]);
+          x = __fmul_rn(acc2[0][sl / 2][2 * rr + sl % 2] + acc2[1][sl / 2][2 * rr + sl % 2], gf0[sl]);
         }
         x = __fmul_rn(__fmul_rn(x, kfac), a.gamma);
         sv[sl][rr] = (key >= first && key < end && h < G) ? x : neg_inf();
@@ -671,17 +644,15 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
       wm[sl] = warp_max_xor(fmaxf(sv[sl][0], sv[sl][1]), 4);
       if (lane < 4 && h < G) red_max[(buf * kMaxG + h) * kWarps + warp] = wm[sl];
     }
-    if constexpr (NS >= 3) cp_async_wait<NS - 3>();  // page it + 1 (this thread's copies)
-    __syncthreads();  // maxima of page it; page it + 1 visible; everyone is done with page it - 1
-    if constexpr (NS >= 3) {
-      const int nx = it + NS - 1;
-      if (nx < npg) load_page<FMT, D, T, NT>(stage(nx % NS), block_src(blk_next), valid_of(p_begin + nx), tid);
-      cp_async_commit();
-      if (nx + 1 < npg) blk_next = __ldg(btab + p_begin + nx + 1);
-    }
+  };
 
+  // ---- softmax of one page (after the barrier that publishes red_max[buf]) -------------------
+  // Writes P^T of the warp's 16 keys into psb, updates m_s/l_s, and returns the rescale and
+  // page factors of the P.V slots (alpha_p, fac_p) and whether any alpha differs from 1.
+  static_assert(kWarps == 8, "tile_max reads 8 warp maxima");
+  auto softmax = [&](int buf, const float (&sv)[NSL][2], const float (&wm)[NSL], float vfac, uint16_t* psb,
+                     float (&alpha_p)[NSLP], float (&fac_p)[NSLP]) {
     // Tile maximum of head h over the 8 warps (and the warp pair's maximum: MXFP4 P blocks).
-    static_assert(kWarps == 8, "tile_max reads 8 warp maxima");
     auto tile_max = [&](int h) {
       const float4 x0 = *reinterpret_cast<const float4*>(red_max + (buf * kMaxG + h) * kWarps);
       const float4 x1 = *reinterpret_cast<const float4*>(red_max + (buf * kMaxG + h) * kWarps + 4);
@@ -691,8 +662,6 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
       const float* r = red_max + (buf * kMaxG + h) * kWarps + (warp & ~1);
       return fmaxf(r[0], r[1]);
     };
-
-    // ---- softmax and P quantization (softmax slots) ------------------------------------------
     // T == 1: the P.V slots are the same heads, so their rescale and page factors are kept.
     float alpha_s[NSL], fac_s[NSL];
 #pragma unroll
@@ -742,59 +711,242 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
           }
         }
         const int key = 16 * warp + lane / 4 + 8 * rr;
-        ps[h * kPsStride + key] = uint16_t(bits);
+        psb[h * kPsStride + key] = uint16_t(bits);
       }
       l_s[sl] = __fadd_rn(__fmul_rn(l_s[sl], alpha), lsum);
     }
-    // P.V slots: rescale factor and page factor of each head (from the same shared maxima).
-    float alpha_p[NSLP], fac_p[NSLP];
-    bool rescale = false;
     if constexpr (T == 1) {
       static_assert(T != 1 || NSL == NSLP, "T == 1: softmax and P.V slots coincide");
 #pragma unroll
       for (int sp = 0; sp < NSLP; ++sp) {
         alpha_p[sp] = alpha_s[sp];
         fac_p[sp] = fac_s[sp];
-        rescale |= alpha_p[sp] != 1.0f;
       }
     } else {
 #pragma unroll
-    for (int sp = 0; sp < NSLP; ++sp) {
-      const int h = min(pv_head(sp), G - 1);
-      const float mt = tile_max(h);
-      const float mn = fmaxf(m_p[sp], mt);
-      const float mz = mn == neg_inf() ? 0.0f : mn;
-      alpha_p[sp] = exp2f(__fsub_rn(m_p[sp], mz));
-      rescale |= alpha_p[sp] != 1.0f;
-      m_p[sp] = mn;
-      fac_p[sp] = vfac;
-      if (mx_p) {
-        const int etile = mxfp4_ocp_exponent(exp2f(__fadd_rn(__fsub_rn(mt, mz), a.log2c)));
-        fac_p[sp] = __fmul_rn(vfac, pow2f(max(etile - 13, -149)));
+      for (int sp = 0; sp < NSLP; ++sp) {
+        const int h = min(pv_head(sp), G - 1);
+        const float mt = tile_max(h);
+        const float mn = fmaxf(m_p[sp], mt);
+        const float mz = mn == neg_inf() ? 0.0f : mn;
+        alpha_p[sp] = exp2f(__fsub_rn(m_p[sp], mz));
+        m_p[sp] = mn;
+        fac_p[sp] = vfac;
+        if (mx_p) {
+          const int etile = mxfp4_ocp_exponent(exp2f(__fadd_rn(__fsub_rn(mt, mz), a.log2c)));
+          fac_p[sp] = __fmul_rn(vfac, pow2f(max(etile - 13, -149)));
+        }
       }
     }
-    }
-    __syncwarp();  // this warp's P columns visible to the warp
+  };
 
-    // ---- O^T += V^T P^T: all channel groups, k-step = this warp's 16 keys ----------------------
-    uint32_t pb[NTP][2];
+  // o = alpha o + fac tmp, per P.V slot (head column); the rescale only when an alpha moved.
+  auto accumulate = [&](const float (&tmp)[CGW][NTP][4], const float (&alpha_p)[NSLP], const float (&fac_p)[NSLP]) {
+    bool rescale = false;
 #pragma unroll
-    for (int j = 0; j < NTP; ++j) {
-      pb[j][0] = ps32[ps_word_index(j, lane, warp, 0)];
-      pb[j][1] = ps32[ps_word_index(j, lane, warp, 1)];
+    for (int sp = 0; sp < NSLP; ++sp) rescale |= alpha_p[sp] != 1.0f;
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int i = 0; i < CGW; ++i)
+#pragma unroll
+        for (int j = 0; j < NTP; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[i][j][e] = fmaf(o[i][j][e], alpha_p[2 * j + e % 2], tmp[i][j][e] * fac_p[2 * j + e % 2]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < CGW; ++i)
+#pragma unroll
+        for (int j = 0; j < NTP; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[i][j][e] = fmaf(tmp[i][j][e], fac_p[2 * j + e % 2], o[i][j][e]);
     }
-    float tmp[CG][NTP][4];
-#pragma unroll
-    for (int i = 0; i < CG; ++i)
-#pragma unroll
-      for (int j = 0; j < NTP; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) tmp[i][j][e] = 0.0f;
+  };
 
-    if constexpr (kBf) {
+  if constexpr (kBulk) {
+    // ---- FP4 / FP8 pages: one bulk copy per page, P.V one page behind ------------------------
+    // Iteration it: wait for page it (mbarrier), S of page it, one barrier (publishes the
+    // tile maxima of page it and P of page it - 1, and frees the stage of page it - 2, which
+    // the next bulk copy refills with page it + NS - 2), then P.V of page it - 1 by channel
+    // owners and the softmax of page it. NS - 2 pages stay in flight.
+    const uint32_t* ps32 = reinterpret_cast<const uint32_t*>(ps);
+    constexpr int PSW = 16 * kPsStride / 2;  // 32-bit words of one P buffer
+    constexpr int NBV = G_::kFp4 ? kPageTokens / G_::BLK : 1;  // V scale blocks per channel row
+    const int ks0 = G_::KP == 1 ? 0 : slice * G_::KSP;         // the warp's first P.V k-step
+    int blk_next = (tid == 0 && NS < npg) ? __ldg(btab + p_begin + NS) : 0;
+    float alpha_prev[NSLP], fac_prev[NSLP];
+    int pev_prev = 0;
+
+    // P.V of the page in stage `st` with P^T from buffer `pbuf`: the warp's channel groups
+    // over its KSP k-steps, two accumulator chains.
+    auto pv = [&](const uint8_t* st, int pev, int pbuf, const float (&alpha_p)[NSLP], const float (&fac_p)[NSLP]) {
+      float tmp2[2][CGW][NTP][4];
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int i = 0; i < CGW; ++i)
+#pragma unroll
+          for (int j = 0; j < NTP; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) tmp2[c][i][j][e] = 0.0f;
+#pragma unroll
+      for (int ci = 0; ci < CGW; ++ci) {
+        const int cg = cg_of(ci);
+        constexpr int KPP = G_::kFp4 ? 4 : 2;  // k-steps per 16-byte part
+        uint32_t vw[G_::KSP * (G_::kFp4 ? 1 : 2)];
+#pragma unroll
+        for (int q = 0; q < G_::KSP / KPP; ++q) {
+          const uint4 w = *reinterpret_cast<const uint4*>(st + L.v_codes + code_part_offset(cg, ks0 / KPP + q, lane, G_::VCPL));
+          vw[4 * q] = w.x;
+          vw[4 * q + 1] = w.y;
+          vw[4 * q + 2] = w.z;
+          vw[4 * q + 3] = w.w;
+        }
+        // 16-bit scale pairs (rows r, r + 8) of the warp's key blocks: NVFP4 one per k-step,
+        // MXFP4 one per two.
+        constexpr int NPAIR = FMT == kNv ? G_::KSP : G_::KSP / 2;
+        uint32_t vraw[G_::kFp4 ? NPAIR : 1];
+        if constexpr (G_::kFp4) {
+          const uint8_t* sp = st + L.v_scales + scale_row_offset(cg, lane, NBV) + 2 * (FMT == kNv ? ks0 : ks0 / 2);
+          uint32_t wv[NPAIR / 2];
+          if constexpr (NPAIR == 8) {
+            const uint4 w = *reinterpret_cast<const uint4*>(sp);
+            wv[0] = w.x, wv[1] = w.y, wv[2] = w.z, wv[3] = w.w;
+          } else if constexpr (NPAIR == 4) {
+            const uint2 w = *reinterpret_cast<const uint2*>(sp);
+            wv[0] = w.x, wv[1] = w.y;
+          } else {
+            wv[0] = *reinterpret_cast<const uint32_t*>(sp);
+          }
+#pragma unroll
+          for (int e = 0; e < NPAIR / 2; ++e) {
+            vraw[2 * e] = wv[e] & 0xFFFFu;
+            vraw[2 * e + 1] = wv[e] >> 16;
+          }
+        }
+        uint32_t vsc = 0;
+#pragma unroll
+        for (int kk = 0; kk < G_::KSP; ++kk) {
+          const int ks = ks0 + kk;
+          uint32_t pb[NTP][2];
+#pragma unroll
+          for (int j = 0; j < NTP; ++j) {
+            pb[j][0] = ps32[pbuf * PSW + ps_word_index(j, lane, ks, 0)];
+            pb[j][1] = ps32[pbuf * PSW + ps_word_index(j, lane, ks, 1)];
+          }
+          uint32_t af[4];
+          if constexpr (G_::kFp4) {
+            // NVFP4 blocks are one k-step, MXFP4 blocks two (convert once per block).
+            if (FMT == kNv || kk % 2 == 0) vsc = scale_half2<FMT>(vraw[FMT == kNv ? kk : kk / 2], pev);
+            expand_fp4(af, vw[kk], vsc);
+          } else {
+            expand_fp8(af, vw[2 * kk], vw[2 * kk + 1]);
+          }
+#pragma unroll
+          for (int j = 0; j < NTP; ++j) mma_f16(tmp2[kk % 2][ci][j], af, pb[j][0], pb[j][1]);
+        }
+      }
+      float tmp[CGW][NTP][4];
+#pragma unroll
+      for (int i = 0; i < CGW; ++i)
+#pragma unroll
+        for (int j = 0; j < NTP; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tmp[i][j][e] = tmp2[0][i][j][e] + tmp2[1][i][j][e];
+      accumulate(tmp, alpha_p, fac_p);
+    };
+
+    for (int it = 0; it < npg; ++it) {
+      const int s = it % NS;
+      mbar_wait(bar0 + 8 * s, uint32_t(it / NS) & 1u);
+      const uint8_t* st = stage(s);
+      const int pg = p_begin + it;
+      const int first = pg == 0 ? lay.masked_prefix : 0, end = valid_of(pg);
+      const int buf = it & 1;
+      const float* pscale = reinterpret_cast<const float*>(st + L.page_scales);
+      float kfac = pscale[0], vfac = pscale[1];
+      int pek = 0, pev = 0;
+      if constexpr (FMT == kMx) {
+        pek = pow2_exponent(kfac);
+        pev = pow2_exponent(vfac);
+      }
+      if constexpr (G_::kFp4) {
+        kfac = __fmul_rn(kfac, 16384.0f);
+        vfac = __fmul_rn(vfac, 16384.0f);
+      }
+      float sv[NSL][2], wm[NSL];
+      score(st, kfac, pek, first, end, buf, sv, wm);
+      __syncthreads();
+      if (tid == 0 && it >= 2 && it + NS - 2 < npg) {
+        bulk_load((it + NS - 2) % NS, blk_next);
+        if (it + NS - 1 < npg) blk_next = __ldg(btab + p_begin + it + NS - 1);
+      }
+      if (it > 0) pv(stage((it - 1) % NS), pev_prev, buf ^ 1, alpha_prev, fac_prev);
+      softmax(buf, sv, wm, vfac, ps + buf * (PSW * 2), alpha_prev, fac_prev);
+      pev_prev = pev;
+    }
+    __syncthreads();  // P of the last page visible
+    pv(stage((npg - 1) % NS), pev_prev, (npg - 1) & 1, alpha_prev, fac_prev);
+  } else {
+    // ---- BF16 pages: cp.async stages, every warp does P.V of its own 16 keys -----------------
+    if constexpr (NS >= 3) {
+      cp_async_wait<NS - 2>();  // page 0 (this thread's copies)
+      __syncthreads();          // page 0 visible
+    }
+    // Block id of the next page to load, fetched one iteration ahead so that the table read's
+    // latency is not paid after the barrier.
+    constexpr int kAhead = NS >= 3 ? NS - 1 : NS == 2 ? 1 : 0;
+    int blk_next = kAhead < npg ? __ldg(btab + p_begin + kAhead) : 0;
+    const uint32_t* ps32 = reinterpret_cast<const uint32_t*>(ps);
+    for (int it = 0; it < npg; ++it) {
+      if constexpr (NS == 1) {
+        if (it > 0) __syncthreads();  // everyone is done with page it - 1
+        load_bf16_page<D>(stage(0), block_src(blk_next), valid_of(p_begin + it), tid);
+        cp_async_commit();
+        if (it + 1 < npg) blk_next = __ldg(btab + p_begin + it + 1);
+        cp_async_wait<0>();
+        __syncthreads();
+      } else if constexpr (NS == 2) {
+        cp_async_wait<0>();
+        __syncthreads();  // page it visible; everyone is done with page it - 1
+        if (it + 1 < npg) load_bf16_page<D>(stage((it + 1) % 2), block_src(blk_next), valid_of(p_begin + it + 1), tid);
+        cp_async_commit();
+        if (it + 2 < npg) blk_next = __ldg(btab + p_begin + it + 2);
+      }
+      const uint8_t* st = stage(NS == 1 ? 0 : it % NS);
+      const int pg = p_begin + it;
+      const int first = pg == 0 ? lay.masked_prefix : 0, end = valid_of(pg);
+      const int buf = it & 1;
+      float sv[NSL][2], wm[NSL];
+      score(st, 1.0f, 0, first, end, buf, sv, wm);
+      if constexpr (NS >= 3) cp_async_wait<NS - 3>();  // page it + 1 (this thread's copies)
+      __syncthreads();  // maxima of page it; page it + 1 visible; everyone is done with page it - 1
+      if constexpr (NS >= 3) {
+        const int nx = it + NS - 1;
+        if (nx < npg) load_bf16_page<D>(stage(nx % NS), block_src(blk_next), valid_of(p_begin + nx), tid);
+        cp_async_commit();
+        if (nx + 1 < npg) blk_next = __ldg(btab + p_begin + nx + 1);
+      }
+      float alpha_p[NSLP], fac_p[NSLP];
+      softmax(buf, sv, wm, 1.0f, ps, alpha_p, fac_p);
+      __syncwarp();  // this warp's P columns visible to the warp
+
+      // O^T += V^T P^T: all channel groups, k-step = this warp's 16 keys.
+      uint32_t pb[NTP][2];
+#pragma unroll
+      for (int j = 0; j < NTP; ++j) {
+        pb[j][0] = ps32[ps_word_index(j, lane, warp, 0)];
+        pb[j][1] = ps32[ps_word_index(j, lane, warp, 1)];
+      }
+      float tmp[CGW][NTP][4];
+#pragma unroll
+      for (int i = 0; i < CGW; ++i)
+#pragma unroll
+        for (int j = 0; j < NTP; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tmp[i][j][e] = 0.0f;
       constexpr int CPR = D / 8;
 #pragma unroll
-      for (int i = 0; i < CG; ++i) {
+      for (int i = 0; i < CGW; ++i) {
         const int q4 = lane / 8;
         const int row = warp * 16 + (q4 / 2) * 8 + lane % 8, ch = i * 2 + q4 % 2;
         uint32_t af[4];
@@ -802,54 +954,13 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
 #pragma unroll
         for (int j = 0; j < NTP; ++j) mma_bf16(tmp[i][j], af, pb[j][0], pb[j][1]);
       }
-    } else if constexpr (G_::kFp4) {
-      constexpr int NBV = kPageTokens / G_::BLK;  // scale blocks per channel row
-      const int blk = FMT == kNv ? warp : warp / 2;
-#pragma unroll
-      for (int i = 0; i < CG; ++i) {
-        const uint32_t word = *reinterpret_cast<const uint32_t*>(
-            st + L.v_codes + code_part_offset(i, warp / 4, lane, G_::VCPL) + 4 * (warp % 4));
-        const uint32_t pair =
-            *reinterpret_cast<const uint16_t*>(st + L.v_scales + scale_row_offset(i, lane, NBV) + 2 * blk);
-        uint32_t af[4];
-        expand_fp4(af, word, scale_half2<FMT>(pair, pev));
-#pragma unroll
-        for (int j = 0; j < NTP; ++j) mma_f16(tmp[i][j], af, pb[j][0], pb[j][1]);
-      }
-    } else {  // FP8
-#pragma unroll
-      for (int i = 0; i < CG; ++i) {
-        const uint2 w = *reinterpret_cast<const uint2*>(st + L.v_codes + code_part_offset(i, warp / 2, lane, G_::VCPL) +
-                                                        8 * (warp % 2));
-        uint32_t af[4];
-        expand_fp8(af, w.x, w.y);
-#pragma unroll
-        for (int j = 0; j < NTP; ++j) mma_f16(tmp[i][j], af, pb[j][0], pb[j][1]);
-      }
-    }
-    if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-      for (int i = 0; i < CG; ++i)
-#pragma unroll
-        for (int j = 0; j < NTP; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int sp = 2 * j + e % 2;
-            o[i][j][e] = fmaf(o[i][j][e], alpha_p[sp], tmp[i][j][e] * fac_p[sp]);
-          }
-    } else {
-#pragma unroll
-      for (int i = 0; i < CG; ++i)
-#pragma unroll
-        for (int j = 0; j < NTP; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[i][j][e] = fmaf(tmp[i][j][e], fac_p[2 * j + e % 2], o[i][j][e]);
+      accumulate(tmp, alpha_p, fac_p);
     }
   }
 
-  // ---- epilogue: sum the warps' partial O and row sums, normalize, base-2 LSE ---------------
+  // ---- epilogue: sum the partial Os and row sums, normalize, base-2 LSE ----------------------
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  cp_async_wait<0>();
+  if constexpr (!kBulk) cp_async_wait<0>();
 #pragma unroll
   for (int sl = 0; sl < NSL; ++sl) {
     const float l = warp_sum_xor(l_s[sl], 4);
@@ -860,15 +971,15 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
     }
   }
   __syncthreads();  // every warp is done with the stages: the region holds the O partials
-  float* om = reinterpret_cast<float*>(smem);  // [warp][NTP * 8 heads][D]
+  float* om = reinterpret_cast<float*>(smem);  // [slice][NTP * 8 heads][D]
 #pragma unroll
-  for (int i = 0; i < CG; ++i)
+  for (int i = 0; i < CGW; ++i)
 #pragma unroll
     for (int j = 0; j < NTP; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int c = 16 * i + lane / 4 + 8 * (e / 2), hc = 8 * j + 2 * (lane % 4) + e % 2;
-        om[(warp * NTP * 8 + hc) * D + c] = o[i][j][e];
+        const int c = 16 * cg_of(i) + lane / 4 + 8 * (e / 2), hc = 8 * j + 2 * (lane % 4) + e % 2;
+        om[(slice * NTP * 8 + hc) * D + c] = o[i][j][e];
       }
   __syncthreads();
   const int S1 = a.max_splits + 1;
@@ -877,10 +988,9 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
     const int h = idx / D, c = idx % D;
     float l = 0.0f, s = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      l += red_sum[h * kWarps + w];
-      s += om[(w * NTP * 8 + h) * D + c];
-    }
+    for (int w = 0; w < kWarps; ++w) l += red_sum[h * kWarps + w];
+#pragma unroll
+    for (int w = 0; w < G_::KP; ++w) s += om[(w * NTP * 8 + h) * D + c];
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     a.part_o[((obase + h) * S1 + split) * D + c] = s * inv;
     if (c == 0) a.part_lse[(obase + h) * S1 + split] = l > 0.0f ? red_m[h] + log2f(l) - a.log2c : neg_inf();

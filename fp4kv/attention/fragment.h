@@ -59,17 +59,7 @@ FP4KV_HD int pow2_exponent(float page_scale) { return floor_log2(page_scale); }
 // FP16 factor of an MXFP4 block scale code relative to the page scale 2^pe: 2^(e - 127 - pe).
 FP4KV_HD uint32_t mx_scale_half_bits(uint32_t code, int pe) { return half_pow2_bits(int(code) - kE8M0Bias - pe); }
 
-// ---- Shared-memory placement of fragment-ordered code arrays ----------------------------
-// A code array holds row groups of 32 lanes x W bytes (W = words of one lane over all
-// k-steps). It is copied in 16-byte chunks; chunk `part` of lane `lane` of row group `rg`
-// is placed at ((rg * CPL + part) * 32 + lane) * 16, CPL = W / 16, so a warp reading one
-// part of all its lanes reads 512 contiguous bytes (no bank conflicts).
-FP4KV_HD constexpr int swizzled_chunk(int chunk, int cpl) {
-  const int rg = chunk / (32 * cpl), rem = chunk % (32 * cpl);
-  const int lane = rem / cpl, part = rem % cpl;
-  return (rg * cpl + part) * 32 + lane;
-}
-
+// ---- Reading a page in shared memory (layout.h: parts stored part-major) ---------------
 // Byte offset (in the stage) of 16-byte part `part` of lane `lane` of row group `rg`.
 FP4KV_HD constexpr int code_part_offset(int rg, int part, int lane, int cpl) { return ((rg * cpl + part) * 32 + lane) * 16; }
 // Byte offset (from the scale array) of the scales of rows (rg*16 + lane/4, + 8) for all

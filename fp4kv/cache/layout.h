@@ -21,9 +21,14 @@
 // fragment figure). FP4: the 8 elements of (lane, tile) are one 32-bit word; element j is
 // nibble slot (j % 2) * 4 + j / 2 (bits 4*slot..4*slot+3), so half2 register r = j / 2
 // takes its low element from slot r and its high element from slot r + 4. FP8: the 8
-// elements are 8 bytes in j order. Words of one lane are consecutive over k-steps:
-//   FP4 word index  = (tile_row_group * 32 + lane) * ksteps + ks      (ksteps = d/16 for K, 8 for V)
-//   FP8 byte offset = ((tile_row_group * 32 + lane) * ksteps + ks) * 8 + j
+// elements are 8 bytes in j order. A lane's codes come in 16-byte parts (FP4: 4 k-steps,
+// FP8: 2 k-steps), and the parts are stored part-major inside a 16-row group: part p of
+// all 32 lanes is 512 contiguous bytes. The decode kernel copies a page to shared memory
+// as one contiguous block (cp.async.bulk) and a warp's 16-byte loads of one part are then
+// free of bank conflicts:
+//   FP4 word index  = ((tile_row_group * ksteps / 4 + ks / 4) * 32 + lane) * 4 + ks % 4
+//   FP8 byte offset = (((tile_row_group * ksteps / 2 + ks / 2) * 32 + lane) * 2 + ks % 2) * 8 + j
+// (ksteps = d/16 for K, 8 for V; both are multiples of 4 for d in {64, 128, 256}.)
 //
 // Block scales (E4M3 for NVFP4, E8M0 for MXFP4), one per (row, block of B along the
 // columns): [row group][row % 8][block][row / 8], so the 4 lanes sharing row % 8 read the
@@ -120,13 +125,15 @@ struct NibbleAddress {
 FP4KV_HD constexpr NibbleAddress fp4_code_address(int row, int col, int cols) {
   const FragmentSlot s = fragment_slot(row % 16, col % 16);
   const int ksteps = cols / 16;
-  const int word = ((row / 16) * 32 + s.lane) * ksteps + col / 16;
+  const int ks = col / 16;
+  const int word = (((row / 16) * (ksteps / 4) + ks / 4) * 32 + s.lane) * 4 + ks % 4;
   const int slot = fp4_nibble_slot(s.j);
   return NibbleAddress{word * 4 + slot / 2, slot % 2};
 }
 FP4KV_HD constexpr int fp8_code_offset(int row, int col, int cols) {
   const FragmentSlot s = fragment_slot(row % 16, col % 16);
-  return (((row / 16) * 32 + s.lane) * (cols / 16) + col / 16) * 8 + s.j;
+  const int ks = col / 16;
+  return ((((row / 16) * (cols / 32) + ks / 2) * 32 + s.lane) * 2 + ks % 2) * 8 + s.j;
 }
 // Byte offset (from the scales sub-array) of the scale of (row, column block `blk`), with
 // `blocks` scale blocks per row.

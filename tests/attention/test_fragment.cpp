@@ -1,5 +1,5 @@
 // CPU replay of what each lane of the decode kernel reads from a page in shared memory:
-// the stage placement of the 16-byte chunks, the fragment words, the block-scale pairs and
+// the 16-byte parts of the stored page, the fragment words, the block-scale pairs and
 // the FP4 expansion trick must give exactly code * block scale at the (row, column) the
 // PTX fragment layout assigns to that register. Runs without a GPU.
 #include <gtest/gtest.h>
@@ -36,24 +36,6 @@ uint32_t load_u32(const std::vector<uint8_t>& s, int off) {
   uint32_t w;
   std::memcpy(&w, s.data() + off, 4);
   return w;
-}
-
-// The kernel's load_page for FP4/FP8 pages: code arrays re-ordered by swizzled_chunk, the
-// rest copied as is.
-std::vector<uint8_t> stage_of(const std::vector<uint8_t>& page, const PageLayout& l, int kcpl, int vcpl) {
-  std::vector<uint8_t> st(page.size(), 0xEE);
-  const int code_bytes = l.format == KvFormat::fp8 ? kPageTokens * l.head_dim : kPageTokens * l.head_dim / 2;
-  for (int c = 0; c < code_bytes / 16; ++c) {
-    std::memcpy(&st[l.k_codes + swizzled_chunk(c, kcpl) * 16], &page[l.k_codes + c * 16], 16);
-    std::memcpy(&st[l.v_codes + swizzled_chunk(c, vcpl) * 16], &page[l.v_codes + c * 16], 16);
-  }
-  if (l.format != KvFormat::fp8) {
-    const int sb = kPageTokens * (l.head_dim / l.block);
-    std::memcpy(&st[l.k_scales], &page[l.k_scales], sb);
-    std::memcpy(&st[l.v_scales], &page[l.v_scales], sb);
-  }
-  std::memcpy(&st[l.page_scales], &page[l.page_scales], 16);
-  return st;
 }
 
 TEST(Fragment, Fp4ExpansionIsValueTimes2PowMinus14) {
@@ -97,7 +79,7 @@ void check_page(KvFormat f, int d, bool search) {
   const bool fp4 = f != KvFormat::fp8;
   const int KS = d / 16;
   const int kcpl = (fp4 ? KS * 4 : KS * 8) / 16, vcpl = (fp4 ? 32 : 64) / 16;
-  const auto st = stage_of(bytes, l, kcpl, vcpl);
+  const auto& st = bytes;  // the kernel's stage is the page as stored (one bulk copy)
   float ps[2];
   std::memcpy(ps, &st[l.page_scales], 8);
   const int pek = f == KvFormat::mxfp4 ? pow2_exponent(ps[0]) : 0, pev = f == KvFormat::mxfp4 ? pow2_exponent(ps[1]) : 0;
@@ -161,15 +143,6 @@ TEST(Fragment, LaneViewOfPackedPagesMatchesExpandedValues) {
     check_page(KvFormat::nvfp4, d, true);
     check_page(KvFormat::mxfp4, d, true);
     check_page(KvFormat::fp8, d, false);
-  }
-}
-
-TEST(Fragment, StageChunkPlacementIsAPermutation) {
-  for (int cpl : {1, 2, 4, 8}) {
-    std::set<int> seen;
-    for (int c = 0; c < 8 * 32 * cpl; ++c) seen.insert(swizzled_chunk(c, cpl));
-    EXPECT_EQ(int(seen.size()), 8 * 32 * cpl);
-    EXPECT_EQ(*seen.rbegin(), 8 * 32 * cpl - 1);
   }
 }
 
