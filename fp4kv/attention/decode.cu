@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "fp4kv/attention/device_common.cuh"
@@ -76,25 +77,30 @@ using detail::KernelArgs;
 using LaunchFn = void (*)(const KernelArgs&, cudaStream_t);
 
 template <int FMT, int D>
-LaunchFn pick_variant(int T, int NT) {
+LaunchFn pick_variant(int OM, int NT) {
   using namespace detail;
-  if (T == 1) {
-    if (NT == 1) return launch_decode<FMT, D, 1, 1>;
-    if (NT == 2) return launch_decode<FMT, D, 1, 2>;
+  if (OM == kOm16) {
+    if (NT == 1) return launch_decode<FMT, D, kOm16, 1>;
+    if (NT == 2) return launch_decode<FMT, D, kOm16, 2>;
   } else if constexpr (FMT == kNv || FMT == kMx) {
-    if (NT == 1) return launch_decode<FMT, D, 2, 1>;
-    if (NT == 2) return launch_decode<FMT, D, 2, 2>;
-    if (NT == 4) return launch_decode<FMT, D, 2, 4>;
+    if (OM == kOmFp4) {
+      if (NT == 1) return launch_decode<FMT, D, kOmFp4, 1>;
+      if (NT == 2) return launch_decode<FMT, D, kOmFp4, 2>;
+    } else {
+      if (NT == 1) return launch_decode<FMT, D, kOmDual, 1>;
+      if (NT == 2) return launch_decode<FMT, D, kOmDual, 2>;
+      if (NT == 4) return launch_decode<FMT, D, kOmDual, 4>;
+    }
   }
   return nullptr;
 }
 
 template <int FMT>
-LaunchFn pick_d(int d, int T, int NT) {
+LaunchFn pick_d(int d, int OM, int NT) {
   switch (d) {
-    case 64: return pick_variant<FMT, 64>(T, NT);
-    case 128: return pick_variant<FMT, 128>(T, NT);
-    case 256: return pick_variant<FMT, 256>(T, NT);
+    case 64: return pick_variant<FMT, 64>(OM, NT);
+    case 128: return pick_variant<FMT, 128>(OM, NT);
+    case 256: return pick_variant<FMT, 256>(OM, NT);
   }
   return nullptr;
 }
@@ -102,37 +108,47 @@ LaunchFn pick_d(int d, int T, int NT) {
 using OccFn = int (*)(int);
 
 template <int FMT, int D>
-OccFn pick_occ_variant(int T, int NT) {
+OccFn pick_occ_variant(int OM, int NT) {
   using namespace detail;
-  if (T == 1) {
-    if (NT == 1) return decode_occupancy<FMT, D, 1, 1>;
-    if (NT == 2) return decode_occupancy<FMT, D, 1, 2>;
+  if (OM == kOm16) {
+    if (NT == 1) return decode_occupancy<FMT, D, kOm16, 1>;
+    if (NT == 2) return decode_occupancy<FMT, D, kOm16, 2>;
   } else if constexpr (FMT == kNv || FMT == kMx) {
-    if (NT == 1) return decode_occupancy<FMT, D, 2, 1>;
-    if (NT == 2) return decode_occupancy<FMT, D, 2, 2>;
-    if (NT == 4) return decode_occupancy<FMT, D, 2, 4>;
+    if (OM == kOmFp4) {
+      if (NT == 1) return decode_occupancy<FMT, D, kOmFp4, 1>;
+      if (NT == 2) return decode_occupancy<FMT, D, kOmFp4, 2>;
+    } else {
+      if (NT == 1) return decode_occupancy<FMT, D, kOmDual, 1>;
+      if (NT == 2) return decode_occupancy<FMT, D, kOmDual, 2>;
+      if (NT == 4) return decode_occupancy<FMT, D, kOmDual, 4>;
+    }
   }
   return nullptr;
 }
 
 template <int FMT>
-OccFn pick_occ_d(int d, int T, int NT) {
+OccFn pick_occ_d(int d, int OM, int NT) {
   switch (d) {
-    case 64: return pick_occ_variant<FMT, 64>(T, NT);
-    case 128: return pick_occ_variant<FMT, 128>(T, NT);
-    case 256: return pick_occ_variant<FMT, 256>(T, NT);
+    case 64: return pick_occ_variant<FMT, 64>(OM, NT);
+    case 128: return pick_occ_variant<FMT, 128>(OM, NT);
+    case 256: return pick_occ_variant<FMT, 256>(OM, NT);
   }
   return nullptr;
 }
 
-OccFn pick_occ(KvFormat f, int d, int T, int NT) {
+OccFn pick_occ(KvFormat f, int d, int OM, int NT) {
   switch (f) {
-    case KvFormat::nvfp4: return pick_occ_d<detail::kNv>(d, T, NT);
-    case KvFormat::mxfp4: return pick_occ_d<detail::kMx>(d, T, NT);
-    case KvFormat::fp8: return pick_occ_d<detail::kFp8>(d, T, NT);
-    case KvFormat::bf16: return pick_occ_d<detail::kBf16>(d, T, NT);
+    case KvFormat::nvfp4: return pick_occ_d<detail::kNv>(d, OM, NT);
+    case KvFormat::mxfp4: return pick_occ_d<detail::kMx>(d, OM, NT);
+    case KvFormat::fp8: return pick_occ_d<detail::kFp8>(d, OM, NT);
+    case KvFormat::bf16: return pick_occ_d<detail::kBf16>(d, OM, NT);
     default: return nullptr;
   }
+}
+
+// The kernel's operand mode (device_common.cuh): native recipes quantize Q and P together.
+int operand_mode(const Recipe& r) {
+  return r.query == QueryFormat::dual_fp4 ? detail::kOmDual : r.query == QueryFormat::fp4 ? detail::kOmFp4 : detail::kOm16;
 }
 
 int column_tiles(const Recipe& r, int G) {
@@ -140,12 +156,12 @@ int column_tiles(const Recipe& r, int G) {
   return cols <= 8 ? 1 : cols <= 16 ? 2 : 4;
 }
 
-LaunchFn pick(KvFormat f, int d, int T, int NT) {
+LaunchFn pick(KvFormat f, int d, int OM, int NT) {
   switch (f) {
-    case KvFormat::nvfp4: return pick_d<detail::kNv>(d, T, NT);
-    case KvFormat::mxfp4: return pick_d<detail::kMx>(d, T, NT);
-    case KvFormat::fp8: return pick_d<detail::kFp8>(d, T, NT);
-    case KvFormat::bf16: return pick_d<detail::kBf16>(d, T, NT);
+    case KvFormat::nvfp4: return pick_d<detail::kNv>(d, OM, NT);
+    case KvFormat::mxfp4: return pick_d<detail::kMx>(d, OM, NT);
+    case KvFormat::fp8: return pick_d<detail::kFp8>(d, OM, NT);
+    case KvFormat::bf16: return pick_d<detail::kBf16>(d, OM, NT);
     default: return nullptr;
   }
 }
@@ -155,7 +171,7 @@ LaunchFn pick(KvFormat f, int d, int T, int NT) {
 int decode_ctas_per_sm(const DecodeParams& p, const Recipe& r) {
   check_supported(p, r);
   const int G = p.q_heads / p.kv_heads;
-  const OccFn fn = pick_occ(r.kv, p.head_dim, r.query == QueryFormat::dual_fp4 ? 2 : 1, column_tiles(r, G));
+  const OccFn fn = pick_occ(r.kv, p.head_dim, operand_mode(r), column_tiles(r, G));
   return fn ? fn(G) : 0;
 }
 
@@ -185,9 +201,9 @@ void decode_attention(const DecodeParams& p, const Recipe& r, const float* q, co
   require(plan.row_splits && plan.row_pages_per_split, "decode attention: the step plan has no split arrays");
   require(!uses_slot_buffer(r) || plan.row_slot, "decode attention: the step plan has no slot array");
   require(q && block_tables && seq_lens && out && max_pages >= 1, "decode attention: null input or output");
+  require(reinterpret_cast<uintptr_t>(q) % 16 == 0, "decode attention: q must be 16-byte aligned (vector loads)");
 
   const int G = p.q_heads / p.kv_heads;
-  const int T = r.query == QueryFormat::dual_fp4 ? 2 : 1;
   const int NT = column_tiles(r, G);
 
   KernelArgs a{};
@@ -229,7 +245,7 @@ void decode_attention(const DecodeParams& p, const Recipe& r, const float* q, co
   a.tau = r.tau;
   a.gamma = log2e_over_sqrt_d(p.head_dim);
 
-  const LaunchFn fn = pick(r.kv, p.head_dim, T, NT);
+  const LaunchFn fn = pick(r.kv, p.head_dim, operand_mode(r), NT);
   require(fn != nullptr, "decode attention: no kernel variant for this combination");
   fn(a, stream);
   cuda_check(cudaGetLastError(), "decode kernel launch");

@@ -66,7 +66,7 @@ class DecodeWorkspace {
   float* partial_lse_ = nullptr;
 };
 
-// Runs decode attention. q: [batch][q_heads][d] float32 post-RoPE queries (not rotated:
+// Runs decode attention. q: [batch][q_heads][d] float32 post-RoPE queries, 16-byte aligned (not rotated:
 // the kernel applies the recipe's Hadamard rotation). block_tables: int32 [batch][max_pages]
 // block ids of each row's pages in order; seq_lens: int32 [batch] tokens each row attends
 // to (the step's new token included). plan: from the control kernel (or make_host_plan).

@@ -2,8 +2,8 @@
 #include "fp4kv/attention/decode_kernel.cuh"
 
 namespace fp4kv::attention::detail {
-template void launch_decode<kBf16, 128, 1,1>(const KernelArgs&, cudaStream_t);
-template int decode_occupancy<kBf16, 128, 1,1>(int);
-template void launch_decode<kBf16, 128, 1,2>(const KernelArgs&, cudaStream_t);
-template int decode_occupancy<kBf16, 128, 1,2>(int);
+template void launch_decode<kBf16, 128, kOm16,1>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kBf16, 128, kOm16,1>(int);
+template void launch_decode<kBf16, 128, kOm16,2>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kBf16, 128, kOm16,2>(int);
 }  // namespace fp4kv::attention::detail

@@ -175,39 +175,56 @@ __device__ __forceinline__ uint32_t scale_half2(uint32_t pair, int pe) {
 // ---- Query prologue ------------------------------------------------------------------------
 
 // Loads the G queries of (b, kvh) into qf [G][D] (non-finite -> 0) and applies the Hadamard
-// rotation with the butterfly order of core/hadamard.h (bit-identical to the CPU).
+// rotation with the butterfly order of core/hadamard.h (bit-identical to the CPU). One warp
+// per head: lane l holds channels E l .. E l + E - 1, so the butterflies are in-thread for
+// hs < E and shuffles for hs >= E, and the prologue has one barrier, not one per stage.
 template <int D>
 __device__ void load_rotate_queries(const KernelArgs& a, float* qf, int b, int kvh, int tid) {
-  const int G = a.G;
+  constexpr int E = D / 32;
+  static_assert(E == 2 || E == 4 || E == 8, "head_dim 64, 128 or 256");
+  const int G = a.G, warp = tid / 32, lane = tid % 32;
   const float* __restrict__ q = a.q + (size_t(b) * a.q_heads + size_t(kvh) * G) * D;
-  for (int base = 0; base < G * D; base += 8 * kThreads) {  // 8 loads in flight per thread
-    float x[8];
+  for (int h = warp; h < G; h += kWarps) {
+    float x[E];
+    const float* src = q + size_t(h) * D + lane * E;
+    if constexpr (E == 2) {
+      const float2 v = __ldg(reinterpret_cast<const float2*>(src));
+      x[0] = v.x, x[1] = v.y;
+    } else {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int i = base + j * kThreads + tid;
-      x[j] = i < G * D ? __ldg(q + i) : 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int i = base + j * kThreads + tid;
-      if (i < G * D) qf[i] = is_finite(x[j]) ? x[j] : 0.0f;
-    }
-  }
-  if (a.rotate) {
-    for (int hs = 1; hs < D; hs *= 2) {
-      __syncthreads();
-      for (int idx = tid; idx < G * D / 2; idx += kThreads) {
-        const int h = idx / (D / 2), i = idx % (D / 2);
-        const int j = (i / hs) * 2 * hs + i % hs;
-        float* x = qf + h * D;
-        const float u = x[j], v = x[j + hs];
-        x[j] = __fadd_rn(u, v);
-        x[j + hs] = __fsub_rn(u, v);
+      for (int k = 0; k < E / 4; ++k) {
+        const float4 v = __ldg(reinterpret_cast<const float4*>(src) + k);
+        x[4 * k] = v.x, x[4 * k + 1] = v.y, x[4 * k + 2] = v.z, x[4 * k + 3] = v.w;
       }
     }
-    __syncthreads();
-    const float s = hadamard_scale(D);
-    for (int i = tid; i < G * D; i += kThreads) qf[i] = __fmul_rn(qf[i], s);
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = is_finite(x[e]) ? x[e] : 0.0f;
+    if (a.rotate) {
+#pragma unroll
+      for (int hs = 1; hs < E; hs *= 2)
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+          if ((e & hs) == 0) {
+            const float u = x[e], v = x[e + hs];
+            x[e] = __fadd_rn(u, v);
+            x[e + hs] = __fsub_rn(u, v);
+          }
+#pragma unroll
+      for (int hs = E; hs < D; hs *= 2) {
+        const int lm = hs / E;
+        const bool upper = (lane & lm) != 0;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          const float other = __shfl_xor_sync(0xffffffffu, x[e], lm);
+          x[e] = upper ? __fsub_rn(other, x[e]) : __fadd_rn(x[e], other);
+        }
+      }
+      const float sc = hadamard_scale(D);
+#pragma unroll
+      for (int e = 0; e < E; ++e) x[e] = __fmul_rn(x[e], sc);
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) qf[h * D + lane * E + e] = x[e];
   }
   __syncthreads();
 }
@@ -310,13 +327,15 @@ __device__ void bf16_part(const KernelArgs& a, uint8_t* region, float* qf, float
   const uint16_t* vb = a.slot_buffer + cache::slot_row_offset(0, slot, kvh, 1, 0, a.slots, a.kv_heads, D);
   auto row_of = [&](int i) { return i < L.sink_tokens ? i : kSinkTokens + (L.recent_begin + i - L.sink_tokens) % kPageTokens; };
   constexpr int CPR = D / 8;  // 16-byte chunks per row
-  for (int c = tid; c < nbf * CPR; c += kThreads) {
-    const int i = c / CPR, ch = c % CPR;
-    const size_t src = size_t(row_of(i)) * D + ch * 8;
-    cp_async16(smem_u32(Kc + i * D + ch * 8), kb + src);
-    cp_async16(smem_u32(Vc + i * D + ch * 8), vb + src);
-  }
-  cp_async_commit();
+  auto load_rows = [&](uint16_t* dst, const uint16_t* src0) {
+    for (int c = tid; c < nbf * CPR; c += kThreads) {
+      const int i = c / CPR, ch = c % CPR;
+      cp_async16(smem_u32(dst + i * D + ch * 8), src0 + size_t(row_of(i)) * D + ch * 8);
+    }
+    cp_async_commit();
+  };
+  load_rows(Kc, kb);
+  load_rows(Vc, vb);
   load_rotate_queries<D>(a, qf, b, kvh, tid);
   cp_async_wait<0>();
   __syncthreads();
@@ -425,8 +444,11 @@ __device__ void bf16_part(const KernelArgs& a, uint8_t* region, float* qf, float
 
 // ---- The split kernel -------------------------------------------------------------------------
 
-template <int FMT, int D, int T, int NT>
-__global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) decode_kernel(const KernelArgs a) {
+template <int FMT, int D, int OM, int NT>
+__global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::kMinBlocks))
+    decode_kernel(const KernelArgs a) {
+  constexpr int T = query_terms(OM);
+  constexpr bool kPFp4 = OM != kOm16;  // P quantized to FP4 (else FP16, BF16 on BF16 pages)
   using G_ = Geo<FMT, D, T, NT>;
   constexpr auto L = G_::L;
   constexpr int NS = G_::NS;
@@ -452,11 +474,14 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (b >= a.batch || kvh >= a.kv_heads) return;
-  // Sticky error flags (step_plan.h): while any bit is set the step is skipped.
-  if (a.error_flags && a.error_flags[0] != 0) return;
-  if (a.num_rows && b >= a.num_rows[0]) return;
+  // The row's scalars in one memory latency (no branch between the loads): sticky error
+  // flags (step_plan.h: while any bit is set the step is skipped), active rows, length and
+  // split plan.
+  const int err = a.error_flags ? a.error_flags[0] : 0;
+  const int rows = a.num_rows ? a.num_rows[0] : a.batch;
   const int n = a.seq_lens[b];
-  if (n <= 0) return;
+  const int row_splits = a.row_splits[b], pps = a.row_pps[b];
+  if (err != 0 || b >= rows || n <= 0) return;
   const int G = a.G;
 
   DecodeLayout lay;
@@ -474,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
     return;
   }
   const int pages = lay.quant_pages;
-  const int splits = min(a.row_splits[b], a.max_splits), pps = a.row_pps[b];
+  const int splits = min(row_splits, a.max_splits);
   if (split >= splits || pps <= 0 || split * pps >= pages) return;
   const int p_begin = split * pps, p_end = min(p_begin + pps, pages), npg = p_end - p_begin;
 
@@ -541,7 +566,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[i][j][e] = 0.0f;
 
-  const bool mx_p = a.pmode == kPMx;
+  constexpr bool mx_p = FMT == kMx && kPFp4;  // MXFP4 P: the tile exponent scales P.V
   const uint32_t* qfrag32 = reinterpret_cast<const uint32_t*>(qfrag);
   // Query B fragments (k-step ks, n-tile nt) in registers when few.
   uint32_t qreg[G_::kQReg ? KS : 1][NT][2];
@@ -675,40 +700,35 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
       // A tile (and split) with no attended key yet (the masked sink copy on page 0 with
       // no BF16 recent and n <= 16): subtract 0 so that p = 0 and alpha = 0, not NaN.
       const float mz = mn == neg_inf() ? 0.0f : mn;
-      const float alpha = exp2f(__fsub_rn(m_s[sl], mz));
+      const float alpha = fast_exp2(__fsub_rn(m_s[sl], mz));
       m_s[sl] = mn;
       float lsum = 0.0f;
       int etile = 0;
       float wpmax = 0.0f;
       alpha_s[sl] = alpha;
-      if (mx_p) {
-        etile = mxfp4_ocp_exponent(exp2f(__fadd_rn(__fsub_rn(mt, mz), a.log2c)));
-        wpmax = exp2f(__fadd_rn(__fsub_rn(pair_max_of(h), mz), a.log2c));
+      if constexpr (mx_p) {
+        etile = mxfp4_ocp_exponent(fast_exp2(__fadd_rn(__fsub_rn(mt, mz), a.log2c)));
+        wpmax = fast_exp2(__fadd_rn(__fsub_rn(pair_max_of(h), mz), a.log2c));
         fac_s[sl] = __fmul_rn(vfac, pow2f(max(etile - 13, -149)));
       }
       float pmax = 0.0f;
-      if (a.pmode == kPNvMax6 || a.pmode == kPNvUnderflow) pmax = exp2f(__fadd_rn(__fsub_rn(wm[sl], mz), a.log2c));
+      if constexpr (FMT == kNv && kPFp4) pmax = fast_exp2(__fadd_rn(__fsub_rn(wm[sl], mz), a.log2c));
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        const float p = exp2f(__fadd_rn(__fsub_rn(sv[sl][rr], mz), a.log2c));
+        const float p = fast_exp2(__fadd_rn(__fsub_rn(sv[sl][rr], mz), a.log2c));
         lsum += p;
         uint32_t bits;
-        switch (a.pmode) {
-          case kPHalf: bits = half_bits(p); break;
-          case kPBf16: bits = bf16_bits(p); break;
-          case kPMx: {
-            const uint8_t sc = mxfp4_prob_scale(wpmax);
-            const uint8_t code = mxfp4_prob_code(p, sc);
-            const int k = max(int(sc) - kE8M0Bias - etile + 13, -149);
-            bits = half_bits(__fmul_rn(e2m1_value(code), pow2f(k)));
-            break;
-          }
-          default: {
-            const uint8_t sc = nvfp4_prob_scale(pmax, a.pmode == kPNvUnderflow, a.tau);
-            const float svl = e4m3_value(sc);
-            bits = half_bits(__fmul_rn(e2m1_value(nvfp4_prob_code(p, svl)), svl));
-            break;
-          }
+        if constexpr (!kPFp4) {
+          bits = FMT == kBf16 ? bf16_bits(p) : half_bits(p);
+        } else if constexpr (FMT == kMx) {
+          const uint8_t sc = mxfp4_prob_scale(wpmax);
+          const uint8_t code = mxfp4_prob_code(p, sc);
+          const int k = max(int(sc) - kE8M0Bias - etile + 13, -149);
+          bits = half_bits(__fmul_rn(e2m1_value(code), pow2f(k)));
+        } else {
+          const uint8_t sc = nvfp4_prob_scale(pmax, a.pmode == kPNvUnderflow, a.tau);
+          const float svl = e4m3_value(sc);
+          bits = half_bits(__fmul_rn(e2m1_value(nvfp4_prob_code(p, svl)), svl));
         }
         const int key = 16 * warp + lane / 4 + 8 * rr;
         psb[h * kPsStride + key] = uint16_t(bits);
@@ -729,11 +749,11 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
         const float mt = tile_max(h);
         const float mn = fmaxf(m_p[sp], mt);
         const float mz = mn == neg_inf() ? 0.0f : mn;
-        alpha_p[sp] = exp2f(__fsub_rn(m_p[sp], mz));
+        alpha_p[sp] = fast_exp2(__fsub_rn(m_p[sp], mz));
         m_p[sp] = mn;
         fac_p[sp] = vfac;
-        if (mx_p) {
-          const int etile = mxfp4_ocp_exponent(exp2f(__fadd_rn(__fsub_rn(mt, mz), a.log2c)));
+        if constexpr (mx_p) {
+          const int etile = mxfp4_ocp_exponent(fast_exp2(__fadd_rn(__fsub_rn(mt, mz), a.log2c)));
           fac_p[sp] = __fmul_rn(vfac, pow2f(max(etile - 13, -149)));
         }
       }
@@ -768,10 +788,13 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
     // tile maxima of page it and P of page it - 1, and frees the stage of page it - 2, which
     // the next bulk copy refills with page it + NS - 2), then P.V of page it - 1 by channel
     // owners and the softmax of page it. NS - 2 pages stay in flight.
-    const uint32_t* ps32 = reinterpret_cast<const uint32_t*>(ps);
     constexpr int PSW = 16 * kPsStride / 2;  // 32-bit words of one P buffer
     constexpr int NBV = G_::kFp4 ? kPageTokens / G_::BLK : 1;  // V scale blocks per channel row
     const int ks0 = G_::KP == 1 ? 0 : slice * G_::KSP;         // the warp's first P.V k-step
+    // ldmatrix row of this lane in the P^T buffer [head][key]: matrix q = lane / 8 holds
+    // heads 0..7 x keys 16 (ks0 + q / 2) + 8 (q % 2) .. + 7, i.e. b0, b1 of two k-steps.
+    const uint32_t p_addr =
+        smem_u32(ps) + ((lane % 8) * kPsStride + (ks0 + lane / 16) * 16 + ((lane / 8) % 2) * 8) * 2;
     int blk_next = (tid == 0 && NS < npg) ? __ldg(btab + p_begin + NS) : 0;
     float alpha_prev[NSLP], fac_prev[NSLP];
     int pev_prev = 0;
@@ -824,14 +847,12 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
           }
         }
         uint32_t vsc = 0;
+        uint32_t pb[NTP][4];  // P^T B fragments of k-steps kk, kk + 1 (n-tile j): one ldmatrix.x4
 #pragma unroll
         for (int kk = 0; kk < G_::KSP; ++kk) {
-          const int ks = ks0 + kk;
-          uint32_t pb[NTP][2];
+          if (kk % 2 == 0) {
 #pragma unroll
-          for (int j = 0; j < NTP; ++j) {
-            pb[j][0] = ps32[pbuf * PSW + ps_word_index(j, lane, ks, 0)];
-            pb[j][1] = ps32[pbuf * PSW + ps_word_index(j, lane, ks, 1)];
+            for (int j = 0; j < NTP; ++j) ldmatrix_x4(pb[j], p_addr + pbuf * PSW * 4 + (j * 8 * kPsStride + kk * 16) * 2);
           }
           uint32_t af[4];
           if constexpr (G_::kFp4) {
@@ -842,7 +863,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, T, NT>::kMinBlocks)) de
             expand_fp8(af, vw[2 * kk], vw[2 * kk + 1]);
           }
 #pragma unroll
-          for (int j = 0; j < NTP; ++j) mma_f16(tmp2[kk % 2][ci][j], af, pb[j][0], pb[j][1]);
+          for (int j = 0; j < NTP; ++j) mma_f16(tmp2[kk % 2][ci][j], af, pb[j][2 * (kk % 2)], pb[j][2 * (kk % 2) + 1]);
         }
       }
       float tmp[CGW][NTP][4];
@@ -1008,12 +1029,17 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   // Launched as a programmatic dependent of the decode kernel: wait for its results (a
   // no-op when launched normally).
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (a.error_flags && a.error_flags[0] != 0) {
+  // The row's scalars in one memory latency (no branch between the loads).
+  const int err = a.error_flags ? a.error_flags[0] : 0;
+  const int rows = a.num_rows ? a.num_rows[0] : a.batch;
+  const int n_row = a.seq_lens[b];
+  const int row_splits = a.row_splits[b], pps = a.row_pps[b];
+  if (err != 0) {
     a.out[oi] = __int_as_float(0x7fc00000);
     if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = __int_as_float(0x7fc00000);
     return;
   }
-  const int n = (a.num_rows && b >= a.num_rows[0]) ? 0 : a.seq_lens[b];
+  const int n = b >= rows ? 0 : n_row;
   if (n <= 0) {
     a.out[oi] = 0.0f;
     if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = neg_inf();
@@ -1021,24 +1047,42 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   }
   const KvFormat f = KvFormat(a.kv_format);
   const int pages = attended_pages(n, f, a.sink != 0, a.recent != 0);
-  const int splits = pages > 0 ? min(a.row_splits[b], a.max_splits) : 0, pps = a.row_pps[b];
+  const int splits = pages > 0 ? min(row_splits, a.max_splits) : 0;
   const bool bf = f != KvFormat::bf16 && decode_layout(n, true, a.sink != 0, a.recent != 0).bf16_tokens() > 0;
   const int S1 = a.max_splits + 1;
   const size_t base = (size_t(b) * a.q_heads + qh) * S1;
-  auto valid = [&](int s) { return s == a.max_splits ? bf : (s < splits && pps > 0 && s * pps < pages); };
-  for (int s = c; s < S1; s += D) s_lse[s] = valid(s) ? a.part_lse[base + s] : neg_inf();
+  // The page splits with work are a prefix 0 .. nsplit - 1; the BF16 part is slot max_splits.
+  // Their partial outputs are loaded with the LSEs, many in flight at once (no branch
+  // between the loads): at short contexts the combine is a chain of memory latencies else.
+  const int nsplit = pps > 0 ? min(splits, (pages + pps - 1) / pps) : 0;
+  constexpr int R = 16;  // partial outputs held in registers; the rest in chunks of 8
+  float v[R];
+#pragma unroll
+  for (int k = 0; k < R; ++k) v[k] = k < nsplit ? a.part_o[(base + k) * D + c] : 0.0f;
+  const float v_bf = bf ? a.part_o[(base + a.max_splits) * D + c] : 0.0f;
+  for (int s = c; s < S1; s += D) s_lse[s] = (s < nsplit || (s == a.max_splits && bf)) ? a.part_lse[base + s] : neg_inf();
   __syncthreads();
-  float big = neg_inf();
-  for (int s = 0; s < S1; ++s) big = fmaxf(big, s_lse[s]);
+  float big = bf ? s_lse[a.max_splits] : neg_inf();
+  for (int s = 0; s < nsplit; ++s) big = fmaxf(big, s_lse[s]);
   float wsum = 0.0f, acc = 0.0f;
-#pragma unroll 4
-  for (int s = 0; s < S1; ++s) {
+  auto add = [&](int s, float x) {
     const float ls = s_lse[s];
-    if (ls == neg_inf()) continue;
-    const float w = exp2f(ls - big);
+    const float w = ls == neg_inf() ? 0.0f : exp2f(ls - big);
     wsum += w;
-    acc = fmaf(w, a.part_o[(base + s) * D + c], acc);
+    acc = fmaf(w, x, acc);
+  };
+#pragma unroll
+  for (int k = 0; k < R; ++k)
+    if (k < nsplit) add(k, v[k]);
+  for (int s = R; s < nsplit; s += 8) {
+    float x[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] = s + k < nsplit ? a.part_o[(base + s + k) * D + c] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (s + k < nsplit) add(s + k, x[k]);
   }
+  if (bf) add(a.max_splits, v_bf);
   if (!(wsum > 0.0f)) {  // no split contributed (a row the control kernel gave no work)
     a.out[oi] = 0.0f;
     if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = neg_inf();
@@ -1062,26 +1106,26 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
 
 // ---- launchers (explicitly instantiated in decode_*.cu) ---------------------------------------
 
-template <int FMT, int D, int T, int NT>
+template <int FMT, int D, int OM, int NT>
 void launch_decode(const KernelArgs& a, cudaStream_t stream) {
-  using G_ = Geo<FMT, D, T, NT>;
+  using G_ = Geo<FMT, D, query_terms(OM), NT>;
   const int smem = G_::smem_bytes(a.G);
   static bool configured = false;
   if (!configured) {
-    cudaFuncSetAttribute(decode_kernel<FMT, D, T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(decode_kernel<FMT, D, OM, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          G_::smem_bytes(G_::GMAX));
     configured = true;
   }
   const dim3 grid(a.max_splits + 1, a.kv_heads, a.batch);
-  decode_kernel<FMT, D, T, NT><<<grid, kThreads, smem, stream>>>(a);
+  decode_kernel<FMT, D, OM, NT><<<grid, kThreads, smem, stream>>>(a);
 }
 
-template <int FMT, int D, int T, int NT>
+template <int FMT, int D, int OM, int NT>
 int decode_occupancy(int G) {
-  using G_ = Geo<FMT, D, T, NT>;
-  cudaFuncSetAttribute(decode_kernel<FMT, D, T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, G_::smem_bytes(G_::GMAX));
+  using G_ = Geo<FMT, D, query_terms(OM), NT>;
+  cudaFuncSetAttribute(decode_kernel<FMT, D, OM, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, G_::smem_bytes(G_::GMAX));
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<FMT, D, T, NT>, kThreads, G_::smem_bytes(G)) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<FMT, D, OM, NT>, kThreads, G_::smem_bytes(G)) !=
       cudaSuccess)
     return 0;
   return n;

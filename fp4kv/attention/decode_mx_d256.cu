@@ -2,14 +2,18 @@
 #include "fp4kv/attention/decode_kernel.cuh"
 
 namespace fp4kv::attention::detail {
-template void launch_decode<kMx, 256, 1,1>(const KernelArgs&, cudaStream_t);
-template int decode_occupancy<kMx, 256, 1,1>(int);
-template void launch_decode<kMx, 256, 1,2>(const KernelArgs&, cudaStream_t);
-template int decode_occupancy<kMx, 256, 1,2>(int);
-template void launch_decode<kMx, 256, 2,1>(const KernelArgs&, cudaStream_t);
-template int decode_occupancy<kMx, 256, 2,1>(int);
-template void launch_decode<kMx, 256, 2,2>(const KernelArgs&, cudaStream_t);
-template int decode_occupancy<kMx, 256, 2,2>(int);
-template void launch_decode<kMx, 256, 2,4>(const KernelArgs&, cudaStream_t);
-template int decode_occupancy<kMx, 256, 2,4>(int);
+template void launch_decode<kMx, 256, kOm16,1>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kMx, 256, kOm16,1>(int);
+template void launch_decode<kMx, 256, kOm16,2>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kMx, 256, kOm16,2>(int);
+template void launch_decode<kMx, 256, kOmFp4,1>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kMx, 256, kOmFp4,1>(int);
+template void launch_decode<kMx, 256, kOmFp4,2>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kMx, 256, kOmFp4,2>(int);
+template void launch_decode<kMx, 256, kOmDual,1>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kMx, 256, kOmDual,1>(int);
+template void launch_decode<kMx, 256, kOmDual,2>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kMx, 256, kOmDual,2>(int);
+template void launch_decode<kMx, 256, kOmDual,4>(const KernelArgs&, cudaStream_t);
+template int decode_occupancy<kMx, 256, kOmDual,4>(int);
 }  // namespace fp4kv::attention::detail

@@ -19,6 +19,13 @@ inline constexpr int kWarps = 8;
 
 enum Fmt : int { kNv = 0, kMx = 1, kFp8 = 2, kBf16 = 3 };
 
+// Operand mode of a kernel instance (compile time): what Q and P are in the two products.
+// kOm16: 16-bit Q and P (mixed FP4 pages, FP8, BF16); kOmFp4: one FP4 query term and FP4 P
+// (vanilla native, native without dual-residual Q); kOmDual: two FP4 query terms (T = 2)
+// and FP4 P. The exact query/P rules within a mode are the run-time qmode/pmode below.
+enum OperandMode : int { kOm16 = 0, kOmFp4 = 1, kOmDual = 2 };
+constexpr int query_terms(int om) { return om == kOmDual ? 2 : 1; }
+
 // Query/probability handling, chosen at run time (uniform per launch).
 enum QMode : int { kQHalf = 0, kQFp4 = 1, kQDual = 2, kQBf16 = 3 };
 enum PMode : int { kPHalf = 0, kPNvMax6 = 1, kPNvUnderflow = 2, kPMx = 3, kPBf16 = 4 };
@@ -64,9 +71,9 @@ struct CombineArgs {
 };
 
 // Launchers, defined in decode_kernel.cuh and explicitly instantiated in decode_<fmt>_d<D>.cu.
-template <int FMT, int D, int T, int NT>
+template <int FMT, int D, int OM, int NT>
 void launch_decode(const KernelArgs& a, cudaStream_t stream);
-template <int FMT, int D, int T, int NT>
+template <int FMT, int D, int OM, int NT>
 int decode_occupancy(int G);  // resident CTAs per SM of that variant
 template <int D>
 void launch_combine(const CombineArgs& a, cudaStream_t stream);
@@ -150,6 +157,14 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
 __device__ __forceinline__ uint32_t e4m3x2_to_half2_bits(uint32_t pair) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu), __NV_E4M3);
   return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// 2^x by the SFU alone (ex2.approx.ftz: ~2 ulp, results below 2^-126 flush to 0, -inf -> 0);
+// exp2f would add the denormal-range fix-up around it on every softmax element.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ uint32_t half_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }

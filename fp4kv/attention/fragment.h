@@ -25,24 +25,32 @@ FP4KV_HD uint32_t fp4x2_to_half2_bits(uint32_t x) {
 // low half from nibble slot r, high half from nibble slot r + 4 (layout.h).
 FP4KV_HD uint32_t fp4_word_to_a_reg_bits(uint32_t word, int r) { return fp4x2_to_half2_bits(word >> (4 * r)); }
 
+// Byte permute (PTX prmt / __byte_perm): result byte i is byte (s >> 4i) & 7 of y:x.
+FP4KV_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t v = (uint64_t(y) << 32) | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= uint32_t((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFFu) << (8 * i);
+  return r;
+#endif
+}
+
 // All four A registers of a lane's FP4 word at once, with the same bits as
 // fp4_word_to_a_reg_bits(word, r) for r = 0..3 (11 integer operations instead of ~20).
-// Byte i of the word holds slots 2i (low nibble) and 2i + 1 (high nibble); register r
-// takes slots r and r + 4, i.e. the same nibble of bytes 0 and 2 (r even: low nibbles,
-// r = 0, 2 -> bytes 0/2 and 1/3) and places each as the high byte of an FP16 half:
-// magnitude e1 e0 m at bits 1..3 of that byte, the sign at bit 7.
-//   zl: per byte, the low nibble's magnitude at bits 1..3 and sign at bit 7 (other bits junk)
-//   zh: the same for the high nibble
-// Register 2 (slots 2, 6 = bytes 1, 3) is zl masked; register 0 (bytes 0, 2) is zl moved up
-// one byte and masked; registers 3 and 1 likewise from zh.
+// Byte i of the word holds slots 2i (low nibble) and 2i + 1 (high nibble). First every
+// nibble becomes the high byte of its FP16 half (sign at bit 7, e1 e0 m at bits 1..3):
+//   lo: byte i from slot 2i, hi: byte i from slot 2i + 1;
+// then register r takes slot r as the high byte of its low half and slot r + 4 as the high
+// byte of its high half (both low bytes zero): one byte permute from lo (r even) or hi.
 FP4KV_HD void fp4_word_to_a_regs(uint32_t word, uint32_t (&a)[4]) {
-  constexpr uint32_t kMag = 0x0E0E0E0Eu, kKeep = 0x8E008E00u;
-  const uint32_t zl = ((word << 1) & kMag) | ((word << 4) & ~kMag);
-  const uint32_t zh = ((word >> 3) & kMag) | (word & ~kMag);
-  a[0] = (zl << 8) & kKeep;
-  a[1] = (zh << 8) & kKeep;
-  a[2] = zl & kKeep;
-  a[3] = zh & kKeep;
+  const uint32_t lo = ((word << 1) & 0x0E0E0E0Eu) | ((word << 4) & 0x80808080u);
+  const uint32_t hi = ((word >> 3) & 0x0E0E0E0Eu) | (word & 0x80808080u);
+  a[0] = byte_perm(lo, 0u, 0x2404u);  // slots 0, 4: bytes 0, 2 of lo -> bytes 1, 3
+  a[1] = byte_perm(hi, 0u, 0x2404u);  // slots 1, 5
+  a[2] = byte_perm(lo, 0u, 0x3414u);  // slots 2, 6: bytes 1, 3 of lo
+  a[3] = byte_perm(hi, 0u, 0x3414u);  // slots 3, 7
 }
 
 // FP16 bits of 2^k: normal for k in [-14, 15], subnormal for [-24, -15], 0 below.

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Regenerates the instantiation units decode_<fmt>_d<D>.cu (one per format and head size,
-# so the build spreads them over cores). Variants: T = 1 (one query term: mixed FP16 or
-# single FP4) with NT = 1, 2; T = 2 (dual-residual) with NT = 1, 2, 4 (FP4 formats only).
+# so the build spreads them over cores). Variants (operand mode, n-tiles): kOm16 (16-bit Q
+# and P) with NT = 1, 2; FP4 formats also kOmFp4 (one FP4 query term, FP4 P) with NT = 1, 2
+# and kOmDual (dual-residual query, FP4 P) with NT = 1, 2, 4.
 cd "$(dirname "$0")"
 for fmt in nv:kNv mx:kMx fp8:kFp8 bf16:kBf16; do
   name=${fmt%%:*}; id=${fmt##*:}
@@ -12,8 +13,10 @@ for fmt in nv:kNv mx:kMx fp8:kFp8 bf16:kBf16; do
       echo '#include "fp4kv/attention/decode_kernel.cuh"'
       echo
       echo "namespace fp4kv::attention::detail {"
-      variants="1,1 1,2"
-      if [ "$name" = nv ] || [ "$name" = mx ]; then variants="$variants 2,1 2,2 2,4"; fi
+      variants="kOm16,1 kOm16,2"
+      if [ "$name" = nv ] || [ "$name" = mx ]; then
+        variants="$variants kOmFp4,1 kOmFp4,2 kOmDual,1 kOmDual,2 kOmDual,4"
+      fi
       for v in $variants; do
         echo "template void launch_decode<${id}, ${d}, ${v}>(const KernelArgs&, cudaStream_t);"
         echo "template int decode_occupancy<${id}, ${d}, ${v}>(int);"
