@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call for issue 6: unpack the carried binaries, SASS counts, the GPU tests,
 # the PyTorch SDPA baseline and the `fp4kv bench decode` sweep (SDPA column merged), and
-# optionally one Nsight Compute profile. Logs and results go to $OUT.
+# the Nsight Compute counters are bench/ncu_decode.sh. Logs and results go to $OUT.
 #   bench/device_perf.sh .devbin/perf.tar.xz [full|tests|bench] [extra bench args...]
 set -o pipefail
 TAR=${1:-.devbin/perf.tar.xz}; WHAT=${2:-full}; shift 2
@@ -11,9 +11,10 @@ export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 cuobjdump --dump-sass $B/fp4kv_attention_tests > /tmp/new.sass 2>&1
 {
-  for k in "decode_kernelILi0ELi128ELi1ELi1E nvfp4-d128-mixed" "decode_kernelILi0ELi128ELi2ELi1E nvfp4-d128-native" \
-           "decode_kernelILi1ELi128ELi1ELi1E mxfp4-d128-mixed" "decode_kernelILi2ELi128ELi1ELi1E fp8-d128" \
-           "decode_kernelILi3ELi128ELi1ELi1E bf16-d128"; do
+  # decode_kernel<format, d, operand mode, n-tiles> (device_common.cuh)
+  for k in "decode_kernelILi0ELi128ELi0ELi1E nvfp4-d128-mixed" "decode_kernelILi0ELi128ELi2ELi1E nvfp4-d128-native" \
+           "decode_kernelILi1ELi128ELi0ELi1E mxfp4-d128-mixed" "decode_kernelILi2ELi128ELi0ELi1E fp8-d128" \
+           "decode_kernelILi3ELi128ELi0ELi1E bf16-d128"; do
     fn=${k%% *}; lab=${k#* }
     python3 bench/sass_count.py /tmp/new.sass "$fn" "new $lab"
     old=$B/old_${lab%%-*}128.o   # the issue-5 kernel's object, when carried
@@ -40,15 +41,7 @@ fi
 if [ "$WHAT" != tests ]; then
   PYTHONUNBUFFERED=1 timeout 150 python3 bench/sdpa_baseline.py --json "$OUT"/sdpa.json --runs 15 > /tmp/sdpa.log 2>&1
   echo "sdpa rc=$?"; grep -E "131072" /tmp/sdpa.log | head -12
-  timeout 200 $B/fp4kv_bench bench decode --runs 15 --sdpa "$OUT"/sdpa.json --json "$OUT"/bench.json \
+  timeout 380 $B/fp4kv_bench bench decode --runs 15 --sdpa "$OUT"/sdpa.json --json "$OUT"/bench.json \
     --markdown "$OUT"/bench.md --svg "$OUT"/bench.svg "$@" > "$OUT"/bench.log 2>&1
   echo "bench rc=$?"; head -1 "$OUT"/bench.log; grep -E " (131072|4096) " "$OUT"/bench.log | grep -E "qwen3-4b" | head -70
-  if [ -n "$NCU" ]; then
-    timeout 75 ncu --clock-control none -k regex:decode_kernel --launch-skip 3 --launch-count 1 \
-      --section SpeedOfLight --section WarpStateStats --section Occupancy \
-      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__cycles_elapsed.avg" \
-      $B/fp4kv_bench bench decode --contexts 131072 --batches 64 --shapes qwen3-4b --presets nvfp4 --runs 1 --rotate-gb 0 \
-      --json /tmp/n.json --markdown /tmp/n.md --svg /tmp/n.svg > "$OUT"/ncu.txt 2>&1
-    echo "ncu rc=$?"; grep -E "stalled|Throughput|Warp Cycles|Achieved Occupancy|Duration|inst_executed|cycles_elapsed" "$OUT"/ncu.txt | awk '$NF+0 > 0.05 || !/stalled/' | head -40
-  fi
 fi

@@ -74,76 +74,46 @@ DecodeWorkspace::~DecodeWorkspace() {
 namespace {
 
 using detail::KernelArgs;
-using LaunchFn = void (*)(const KernelArgs&, cudaStream_t);
 
+// One kernel instance: its launcher and its occupancy query.
+struct Variant {
+  void (*launch)(const KernelArgs&, cudaStream_t) = nullptr;
+  int (*ctas_per_sm)(int G) = nullptr;
+};
+
+template <int FMT, int D, int OM, int NT>
+Variant variant() {
+  return {detail::launch_decode<FMT, D, OM, NT>, detail::decode_occupancy<FMT, D, OM, NT>};
+}
+
+// The instances of gen_instances.sh.
 template <int FMT, int D>
-LaunchFn pick_variant(int OM, int NT) {
+Variant pick_variant(int OM, int NT) {
   using namespace detail;
   if (OM == kOm16) {
-    if (NT == 1) return launch_decode<FMT, D, kOm16, 1>;
-    if (NT == 2) return launch_decode<FMT, D, kOm16, 2>;
+    if (NT == 1) return variant<FMT, D, kOm16, 1>();
+    if (NT == 2) return variant<FMT, D, kOm16, 2>();
   } else if constexpr (FMT == kNv || FMT == kMx) {
     if (OM == kOmFp4) {
-      if (NT == 1) return launch_decode<FMT, D, kOmFp4, 1>;
-      if (NT == 2) return launch_decode<FMT, D, kOmFp4, 2>;
+      if (NT == 1) return variant<FMT, D, kOmFp4, 1>();
+      if (NT == 2) return variant<FMT, D, kOmFp4, 2>();
     } else {
-      if (NT == 1) return launch_decode<FMT, D, kOmDual, 1>;
-      if (NT == 2) return launch_decode<FMT, D, kOmDual, 2>;
-      if (NT == 4) return launch_decode<FMT, D, kOmDual, 4>;
+      if (NT == 1) return variant<FMT, D, kOmDual, 1>();
+      if (NT == 2) return variant<FMT, D, kOmDual, 2>();
+      if (NT == 4) return variant<FMT, D, kOmDual, 4>();
     }
   }
-  return nullptr;
+  return {};
 }
 
 template <int FMT>
-LaunchFn pick_d(int d, int OM, int NT) {
+Variant pick_d(int d, int OM, int NT) {
   switch (d) {
     case 64: return pick_variant<FMT, 64>(OM, NT);
     case 128: return pick_variant<FMT, 128>(OM, NT);
     case 256: return pick_variant<FMT, 256>(OM, NT);
   }
-  return nullptr;
-}
-
-using OccFn = int (*)(int);
-
-template <int FMT, int D>
-OccFn pick_occ_variant(int OM, int NT) {
-  using namespace detail;
-  if (OM == kOm16) {
-    if (NT == 1) return decode_occupancy<FMT, D, kOm16, 1>;
-    if (NT == 2) return decode_occupancy<FMT, D, kOm16, 2>;
-  } else if constexpr (FMT == kNv || FMT == kMx) {
-    if (OM == kOmFp4) {
-      if (NT == 1) return decode_occupancy<FMT, D, kOmFp4, 1>;
-      if (NT == 2) return decode_occupancy<FMT, D, kOmFp4, 2>;
-    } else {
-      if (NT == 1) return decode_occupancy<FMT, D, kOmDual, 1>;
-      if (NT == 2) return decode_occupancy<FMT, D, kOmDual, 2>;
-      if (NT == 4) return decode_occupancy<FMT, D, kOmDual, 4>;
-    }
-  }
-  return nullptr;
-}
-
-template <int FMT>
-OccFn pick_occ_d(int d, int OM, int NT) {
-  switch (d) {
-    case 64: return pick_occ_variant<FMT, 64>(OM, NT);
-    case 128: return pick_occ_variant<FMT, 128>(OM, NT);
-    case 256: return pick_occ_variant<FMT, 256>(OM, NT);
-  }
-  return nullptr;
-}
-
-OccFn pick_occ(KvFormat f, int d, int OM, int NT) {
-  switch (f) {
-    case KvFormat::nvfp4: return pick_occ_d<detail::kNv>(d, OM, NT);
-    case KvFormat::mxfp4: return pick_occ_d<detail::kMx>(d, OM, NT);
-    case KvFormat::fp8: return pick_occ_d<detail::kFp8>(d, OM, NT);
-    case KvFormat::bf16: return pick_occ_d<detail::kBf16>(d, OM, NT);
-    default: return nullptr;
-  }
+  return {};
 }
 
 // The kernel's operand mode (device_common.cuh): native recipes quantize Q and P together.
@@ -156,13 +126,13 @@ int column_tiles(const Recipe& r, int G) {
   return cols <= 8 ? 1 : cols <= 16 ? 2 : 4;
 }
 
-LaunchFn pick(KvFormat f, int d, int OM, int NT) {
+Variant pick(KvFormat f, int d, int OM, int NT) {
   switch (f) {
     case KvFormat::nvfp4: return pick_d<detail::kNv>(d, OM, NT);
     case KvFormat::mxfp4: return pick_d<detail::kMx>(d, OM, NT);
     case KvFormat::fp8: return pick_d<detail::kFp8>(d, OM, NT);
     case KvFormat::bf16: return pick_d<detail::kBf16>(d, OM, NT);
-    default: return nullptr;
+    default: return {};
   }
 }
 
@@ -171,8 +141,8 @@ LaunchFn pick(KvFormat f, int d, int OM, int NT) {
 int decode_ctas_per_sm(const DecodeParams& p, const Recipe& r) {
   check_supported(p, r);
   const int G = p.q_heads / p.kv_heads;
-  const OccFn fn = pick_occ(r.kv, p.head_dim, operand_mode(r), column_tiles(r, G));
-  return fn ? fn(G) : 0;
+  const Variant v = pick(r.kv, p.head_dim, operand_mode(r), column_tiles(r, G));
+  return v.ctas_per_sm ? v.ctas_per_sm(G) : 0;
 }
 
 int split_target_ctas(const DecodeParams& p, const Recipe& r, int batch, int sms) {
@@ -245,9 +215,9 @@ void decode_attention(const DecodeParams& p, const Recipe& r, const float* q, co
   a.tau = r.tau;
   a.gamma = log2e_over_sqrt_d(p.head_dim);
 
-  const LaunchFn fn = pick(r.kv, p.head_dim, operand_mode(r), NT);
-  require(fn != nullptr, "decode attention: no kernel variant for this combination");
-  fn(a, stream);
+  const Variant v = pick(r.kv, p.head_dim, operand_mode(r), NT);
+  require(v.launch != nullptr, "decode attention: no kernel variant for this combination");
+  v.launch(a, stream);
   cuda_check(cudaGetLastError(), "decode kernel launch");
 
   detail::CombineArgs c{};
