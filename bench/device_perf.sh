@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call for issue 6: unpack the carried binaries, SASS counts, the GPU tests,
-# the PyTorch SDPA baseline and the `fp4kv bench decode` sweep (SDPA column merged), and
-# the Nsight Compute counters are bench/ncu_decode.sh. Logs and results go to $OUT.
+# the PyTorch SDPA baseline and the `fp4kv bench decode` sweep (SDPA column merged). The
+# Nsight Compute counters are bench/ncu_decode.sh. Logs and results go to $OUT.
 #   bench/device_perf.sh .devbin/perf.tar.xz [full|tests|bench] [extra bench args...]
 set -o pipefail
 TAR=${1:-.devbin/perf.tar.xz}; WHAT=${2:-full}; shift 2
