@@ -46,6 +46,7 @@ void check_supported(const DecodeParams& p, const Recipe& r) {
           who + "GQA group size " + std::to_string(G) + " is not supported (1, 2, 4, 8 or 16)");
   require(p.block_stride >= (long long)p.layout.bytes * p.kv_heads && p.block_stride % 16 == 0,
           who + "block_stride must be a multiple of 16 bytes and at least kv_heads * layout.bytes");
+  require(reinterpret_cast<uintptr_t>(p.pool) % 16 == 0, who + "the pool must be 16-byte aligned (bulk page copies)");
   if (r.native()) {
     require(fp4(r.kv), who + "native mode (FP4 query and probabilities) needs an nvfp4 or mxfp4 cache");
     require(r.prob == ProbFormat::fp4_max6 || r.prob == ProbFormat::fp4_underflow,

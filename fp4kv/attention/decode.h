@@ -28,7 +28,7 @@ namespace fp4kv::attention {
 // The paged cache of one layer, and the layer's attention geometry. All pointers are
 // device pointers.
 struct DecodeParams {
-  const uint8_t* pool = nullptr;   // cache block 0 of this layer
+  const uint8_t* pool = nullptr;   // cache block 0 of this layer (16-byte aligned)
   long long block_stride = 0;      // bytes between consecutive blocks
   cache::PageLayout layout;        // one KV head's part of a block (layout.h)
   int kv_heads = 0;

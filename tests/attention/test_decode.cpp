@@ -311,6 +311,9 @@ TEST(DecodeAttention, RejectsUnsupportedCombinations) {
   q.head_dim = 96;
   EXPECT_THROW(attention::check_supported(q, parse_recipe("nvfp4")), Error);
   q = p;
+  q.pool = reinterpret_cast<const uint8_t*>(uintptr_t(8));  // bulk page copies need 16-byte alignment
+  EXPECT_THROW(attention::check_supported(q, parse_recipe("nvfp4")), Error);
+  q = p;
   q.slot_buffer = nullptr;
   EXPECT_THROW(attention::check_supported(q, parse_recipe("nvfp4")), Error);
   EXPECT_THROW(attention::check_supported(q, parse_recipe("nvfp4:no-sink")), Error);  // recent still BF16
