@@ -198,7 +198,11 @@ std::string EvalReport::table() const {
   std::snprintf(line, sizeof line, "\n%-34s %12s %10s %10s %10s\n", "config", "KL (1e-3)", "top-1 %", "t", "retrieval");
   s << line;
   for (const auto& c : configs) {
-    const std::string t = c.name == baseline ? "-" : std::isfinite(c.t_vs_baseline) ? fmt("%.2f", c.t_vs_baseline) : "inf";
+    const double tv = c.t_vs_baseline;
+    const std::string t = c.name == baseline   ? "-"
+                          : std::isfinite(tv) ? fmt("%.2f", tv)
+                          : std::isnan(tv)    ? "n/a"  // one window
+                                              : (tv > 0 ? "inf" : "-inf");
     const std::string ret = c.retrieval_acc ? fmt("%.1f%%", 100.0 * *c.retrieval_acc) : "-";
     std::snprintf(line, sizeof line, "%-34s %12.3f %10.2f %10s %10s\n", c.name.c_str(), c.kl_1e3, c.top1_mismatch_pct,
                   t.c_str(), ret.c_str());

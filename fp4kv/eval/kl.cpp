@@ -60,8 +60,9 @@ double paired_t(const std::vector<double>& a, const std::vector<double>& b) {
   mean /= double(n);
   double var = 0;
   for (size_t i = 0; i < n; ++i) var += (a[i] - b[i] - mean) * (a[i] - b[i] - mean);
+  if (n < 2) return NAN;  // one window: no spread, no statistic
   if (mean == 0.0) return 0.0;
-  if (n < 2 || var == 0.0) return mean > 0 ? INFINITY : -INFINITY;
+  if (var == 0.0) return mean > 0 ? INFINITY : -INFINITY;
   var /= double(n - 1);
   return mean / std::sqrt(var / double(n));
 }

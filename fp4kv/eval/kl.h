@@ -20,7 +20,8 @@ KlStats teacher_forced_kl(const std::vector<float>& ref_logits, const std::vecto
                           int skip, int topk = 128);
 
 // Paired t statistic of a - b over matched samples: mean(diff) / (sd(diff) / sqrt(n)).
-// 0 when a and b are identical; +-infinity when every difference is the same non-zero value.
+// NaN for a single sample (undefined); 0 when a and b are identical; +-infinity when every
+// difference is the same non-zero value.
 double paired_t(const std::vector<double>& a, const std::vector<double>& b);
 
 }  // namespace fp4kv::eval

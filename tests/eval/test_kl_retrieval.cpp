@@ -36,6 +36,7 @@ TEST(Kl, PairedT) {
   // diffs 1, 2, 3: mean 2, sd 1, t = 2 / (1 / sqrt 3)
   EXPECT_NEAR(paired_t({2, 4, 6}, {1, 2, 3}), 2.0 * std::sqrt(3.0), 1e-12);
   EXPECT_TRUE(std::isinf(paired_t({2, 3}, {1, 2})));
+  EXPECT_TRUE(std::isnan(paired_t({2}, {1})));  // one window: undefined, printed "n/a"
 }
 
 TEST(Retrieval, DocumentsFollowTheModelsFormat) {
