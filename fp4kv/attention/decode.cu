@@ -250,12 +250,12 @@ void decode_attention(const DecodeParams& p, const Recipe& r, const float* q, co
 
 // ---- planning ------------------------------------------------------------------------------
 
-int choose_pages_per_split(int pages, int batch, int kv_heads, int max_splits, int target_ctas) {
+int choose_pages_per_split(int pages, int batch, int kv_heads, int max_splits, int target_ctas, int min_pages) {
   if (pages <= 0) return 1;
   const int rows = std::max(1, batch * kv_heads);
   int want = std::max(1, (target_ctas + rows - 1) / rows);
   want = std::min({want, max_splits, pages});
-  int pps = (pages + want - 1) / want;
+  int pps = std::max((pages + want - 1) / want, std::min(min_pages, pages));
   // never more splits than capacity
   while ((pages + pps - 1) / pps > max_splits) ++pps;
   return pps;
@@ -299,7 +299,8 @@ void HostStepPlan::fill(const std::vector<int>& seq_lens, const Recipe& r, int k
     const int pages = attended_pages(seq_lens[b], r);
     pages_[b] = pages;
     int pps = pages_per_split > 0 ? pages_per_split
-                                  : choose_pages_per_split(pages, batch, kv_heads, plan_.max_splits, target_ctas);
+                                  : choose_pages_per_split(pages, batch, kv_heads, plan_.max_splits, target_ctas,
+                                                           cache::min_split_pages(r));
     if (pages > 0)
       while ((pages + pps - 1) / pps > plan_.max_splits) ++pps;
     pps_[b] = std::max(1, pps);

@@ -100,8 +100,9 @@ inline bool uses_slot_buffer(const Recipe& r) {
 }
 
 // Pages per split for a row: splits the row so that about `target_ctas` CTAs run over the
-// whole batch, at most max_splits per row.
-int choose_pages_per_split(int pages, int batch, int kv_heads, int max_splits, int target_ctas);
+// whole batch, at most max_splits per row and at least min_pages pages per split
+// (cache::min_split_pages for the format).
+int choose_pages_per_split(int pages, int batch, int kv_heads, int max_splits, int target_ctas, int min_pages);
 
 // CTAs of the decode kernel that one SM holds at once for this geometry and recipe (from
 // the CUDA occupancy calculator; 0 if unknown).

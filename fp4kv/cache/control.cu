@@ -184,11 +184,12 @@ __global__ void __launch_bounds__(kControlThreads) control_kernel(const ControlA
   }
 
   // Split-KV plan: one CTA per (row, head) when that fills the GPU; otherwise pages are cut
-  // into chunks of about total * heads / target pages, at most max_splits per row.
+  // into chunks of about total * heads / target pages (at least min_split_pages), at most
+  // max_splits per row.
   const long long total = s_total_pages;
   const bool split = static_cast<long long>(s_rows_with_pages) * a.dims.heads < a.target_ctas;
   long long chunk = split ? (total * a.dims.heads + a.target_ctas - 1) / a.target_ctas : 0;
-  if (chunk < 1) chunk = 1;
+  if (chunk < a.dims.min_split_pages) chunk = a.dims.min_split_pages;
   for (int r = tid; r < a.step.max_batch; r += kControlThreads) {
     int slot = -1, pages = 0, splits = 0, pps = 0;
     if (r < batch) {

@@ -26,6 +26,7 @@ struct CacheDims {
   bool sink = false;            // recipe.bf16_sink: the first 16 tokens also in the slot's sink rows
   bool recent = true;           // recipe.bf16_recent: pages quantized when full (promotion); off: the
                                 // open page is re-quantized after every write (quantize on write)
+  int min_split_pages = 1;      // step_plan.h: fewest pages per split for the recipe's decode kernel
   FP4KV_HD bool quantized() const { return format != KvFormat::bf16; }
 };
 

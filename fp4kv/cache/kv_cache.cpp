@@ -58,6 +58,7 @@ KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k
   dims_.search = recipe.key_search;
   dims_.sink = recipe.bf16_sink && recipe.kv != KvFormat::bf16;
   dims_.recent = recipe.bf16_recent || recipe.kv == KvFormat::bf16;
+  dims_.min_split_pages = min_split_pages(recipe);
 
   int dev = 0, count = 0;
   check(cudaGetDeviceCount(&count), "no CUDA device");
