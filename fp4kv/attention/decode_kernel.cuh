@@ -157,19 +157,19 @@ __device__ __forceinline__ void expand_fp8(uint32_t (&a)[4], uint32_t w0, uint32
   a[2] = e4m3x2_to_half2_bits(w1);
   a[3] = e4m3x2_to_half2_bits(w1 >> 16);
 }
-// FP16 pair (lo, hi) of 2^(code - 127 - pe) for the two E8M0 codes of `pair` (low byte ->
-// lo): exactly half_pow2_bits (2^-25 and below round to 0; the layout keeps k <= 15).
-__device__ __forceinline__ uint32_t mx_pair_half2(uint32_t pair, int pe) {
-  const int k0 = min(max(int(pair & 0xFFu) - kE8M0Bias - pe, -30), 16);
-  const int k1 = min(max(int((pair >> 8) & 0xFFu) - kE8M0Bias - pe, -30), 16);
-  const __half2 h = __floats2half2_rn(__int_as_float((k0 + 127) << 23), __int_as_float((k1 + 127) << 23));
-  return *reinterpret_cast<const uint32_t*>(&h);
+// MXFP4 block scales stay in FP32 (e8m0_scale_value, fragment.h): the codes expand to FP16
+// without them (value x 2^-14), a block's two k-step MMAs go to a fresh accumulator, and the
+// power-of-two scales of its rows r, r + 8 (low and high byte of `pair`) multiply that in
+// FP32: 4 FFMA per block instead of 8 HMUL2 plus an E8M0 -> FP16 conversion, and exact for
+// every block scale.
+__device__ __forceinline__ void mx_row_scales(uint32_t pair, float (&f)[2]) {
+  f[0] = e8m0_scale_value(pair & 0xFFu);
+  f[1] = e8m0_scale_value((pair >> 8) & 0xFFu);
 }
-// FP16 block-scale pair (rows r, r + 8) of a 16-bit scale pair.
-template <int FMT>
-__device__ __forceinline__ uint32_t scale_half2(uint32_t pair, int pe) {
-  if constexpr (FMT == kNv) return e4m3x2_to_half2_bits(pair);
-  else return mx_pair_half2(pair, pe);
+// acc += bacc x (row scale): C fragment elements 0, 1 are row r, 2, 3 row r + 8.
+__device__ __forceinline__ void add_scaled(float (&acc)[4], const float (&bacc)[4], const float (&f)[2]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) acc[e] = fmaf(bacc[e], f[e / 2], acc[e]);
 }
 
 // ---- Query prologue ------------------------------------------------------------------------
@@ -586,7 +586,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
   };
 
   // ---- S^T = K Q^T for key group `warp`, logits, masks, warp maxima -> red_max[buf] -----------
-  auto score = [&](const uint8_t* st, float kfac, int pek, int first, int end, int buf, float (&sv)[NSL][2],
+  auto score = [&](const uint8_t* st, float kfac, int first, int end, int buf, float (&sv)[NSL][2],
                    float (&wm)[NSL]) {
     // Two accumulator chains (even and odd k-steps), added at the end: half the dependent
     // MMA latency per page.
@@ -610,7 +610,8 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
       }
     } else {
       constexpr int NBK = G_::kFp4 ? D / G_::BLK : 1;  // scale blocks per key row
-      uint32_t ksc[G_::kFp4 ? NBK : 1];                // FP16 scale pairs (rows r, r + 8) per block
+      uint32_t ksc[FMT == kNv ? NBK : 1];              // NVFP4: FP16 scale pairs (rows r, r + 8) per block
+      float kscf[FMT == kMx ? NBK : 1][2];             // MXFP4: FP32 row scales per block
       if constexpr (G_::kFp4) {
         const uint16_t* p = reinterpret_cast<const uint16_t*>(st + L.k_scales + scale_row_offset(warp, lane, NBK));
         uint32_t raw[NBK];
@@ -630,8 +631,12 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
           for (int q = 0; q < NBK; ++q) raw[q] = p[q];
         }
 #pragma unroll
-        for (int q = 0; q < NBK; ++q) ksc[q] = scale_half2<FMT>(raw[q], pek);
+        for (int q = 0; q < NBK; ++q) {
+          if constexpr (FMT == kNv) ksc[q] = e4m3x2_to_half2_bits(raw[q]);
+          else mx_row_scales(raw[q], kscf[q]);
+        }
       }
+      float bacc[NT][4];  // MXFP4: the current block's product
 #pragma unroll
       for (int part = 0; part < G_::KCPL; ++part) {
         const uint4 kw = *reinterpret_cast<const uint4*>(st + L.k_codes + code_part_offset(warp, part, lane, G_::KCPL));
@@ -640,8 +645,23 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
         for (int sub = 0; sub < G_::KS_PER_PART; ++sub) {
           const int ks = part * G_::KS_PER_PART + sub;
           uint32_t af[4];
-          if constexpr (G_::kFp4) {
-            expand_fp4(af, wv[sub], ksc[FMT == kNv ? ks : ks / 2]);
+          if constexpr (FMT == kMx) {
+            fp4_word_to_a_regs(wv[sub], af);
+            if (ks % 2 == 0) {
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) bacc[nt][e] = 0.0f;
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mma_f16(bacc[nt], af, qb(ks, nt, 0), qb(ks, nt, 1));
+            if (ks % 2 == 1) {
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) add_scaled(acc2[(ks / 2) % 2][nt], bacc[nt], kscf[ks / 2]);
+            }
+            continue;
+          } else if constexpr (FMT == kNv) {
+            expand_fp4(af, wv[sub], ksc[ks]);
           } else {
             expand_fp8(af, wv[2 * sub], wv[2 * sub + 1]);
           }
@@ -797,11 +817,10 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
         smem_u32(ps) + ((lane % 8) * kPsStride + (ks0 + lane / 16) * 16 + ((lane / 8) % 2) * 8) * 2;
     int blk_next = (tid == 0 && NS < npg) ? __ldg(btab + p_begin + NS) : 0;
     float alpha_prev[NSLP], fac_prev[NSLP];
-    int pev_prev = 0;
 
     // P.V of the page in stage `st` with P^T from buffer `pbuf`: the warp's channel groups
     // over its KSP k-steps, two accumulator chains.
-    auto pv = [&](const uint8_t* st, int pev, int pbuf, const float (&alpha_p)[NSLP], const float (&fac_p)[NSLP]) {
+    auto pv = [&](const uint8_t* st, int pbuf, const float (&alpha_p)[NSLP], const float (&fac_p)[NSLP]) {
       float tmp2[2][CGW][NTP][4];
 #pragma unroll
       for (int c = 0; c < 2; ++c)
@@ -847,6 +866,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
           }
         }
         uint32_t vsc = 0;
+        float bacc[NTP][4];   // MXFP4: the current block's product
         uint32_t pb[NTP][4];  // P^T B fragments of k-steps kk, kk + 1 (n-tile j): one ldmatrix.x4
 #pragma unroll
         for (int kk = 0; kk < G_::KSP; ++kk) {
@@ -855,9 +875,25 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
             for (int j = 0; j < NTP; ++j) ldmatrix_x4(pb[j], p_addr + pbuf * PSW * 4 + (j * 8 * kPsStride + kk * 16) * 2);
           }
           uint32_t af[4];
-          if constexpr (G_::kFp4) {
-            // NVFP4 blocks are one k-step, MXFP4 blocks two (convert once per block).
-            if (FMT == kNv || kk % 2 == 0) vsc = scale_half2<FMT>(vraw[FMT == kNv ? kk : kk / 2], pev);
+          if constexpr (FMT == kMx) {  // blocks of two k-steps, scaled in FP32 (mx_row_scales)
+            fp4_word_to_a_regs(vw[kk], af);
+            if (kk % 2 == 0) {
+#pragma unroll
+              for (int j = 0; j < NTP; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) bacc[j][e] = 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < NTP; ++j) mma_f16(bacc[j], af, pb[j][2 * (kk % 2)], pb[j][2 * (kk % 2) + 1]);
+            if (kk % 2 == 1) {
+              float f[2];
+              mx_row_scales(vraw[kk / 2], f);
+#pragma unroll
+              for (int j = 0; j < NTP; ++j) add_scaled(tmp2[(kk / 2) % 2][ci][j], bacc[j], f);
+            }
+            continue;
+          } else if constexpr (FMT == kNv) {
+            vsc = e4m3x2_to_half2_bits(vraw[kk]);
             expand_fp4(af, vw[kk], vsc);
           } else {
             expand_fp8(af, vw[2 * kk], vw[2 * kk + 1]);
@@ -883,30 +919,26 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
       const int pg = p_begin + it;
       const int first = pg == 0 ? lay.masked_prefix : 0, end = valid_of(pg);
       const int buf = it & 1;
+      // Page factors of S and of the P.V partial: the FP32 page scale g (NVFP4, FP8) and the
+      // 2^14 of the FP4 expansion; MXFP4 applies its block scales in FP32 and needs no g.
       const float* pscale = reinterpret_cast<const float*>(st + L.page_scales);
-      float kfac = pscale[0], vfac = pscale[1];
-      int pek = 0, pev = 0;
-      if constexpr (FMT == kMx) {
-        pek = pow2_exponent(kfac);
-        pev = pow2_exponent(vfac);
-      }
+      float kfac = FMT == kMx ? 1.0f : pscale[0], vfac = FMT == kMx ? 1.0f : pscale[1];
       if constexpr (G_::kFp4) {
         kfac = __fmul_rn(kfac, 16384.0f);
         vfac = __fmul_rn(vfac, 16384.0f);
       }
       float sv[NSL][2], wm[NSL];
-      score(st, kfac, pek, first, end, buf, sv, wm);
+      score(st, kfac, first, end, buf, sv, wm);
       __syncthreads();
       if (tid == 0 && it >= 2 && it + NS - 2 < npg) {
         bulk_load((it + NS - 2) % NS, blk_next);
         if (it + NS - 1 < npg) blk_next = __ldg(btab + p_begin + it + NS - 1);
       }
-      if (it > 0) pv(stage((it - 1) % NS), pev_prev, buf ^ 1, alpha_prev, fac_prev);
+      if (it > 0) pv(stage((it - 1) % NS), buf ^ 1, alpha_prev, fac_prev);
       softmax(buf, sv, wm, vfac, ps + buf * (PSW * 2), alpha_prev, fac_prev);
-      pev_prev = pev;
     }
     __syncthreads();  // P of the last page visible
-    pv(stage((npg - 1) % NS), pev_prev, (npg - 1) & 1, alpha_prev, fac_prev);
+    pv(stage((npg - 1) % NS), (npg - 1) & 1, alpha_prev, fac_prev);
   } else {
     // ---- BF16 pages: cp.async stages, every warp does P.V of its own 16 keys -----------------
     if constexpr (NS >= 3) {
@@ -938,7 +970,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
       const int first = pg == 0 ? lay.masked_prefix : 0, end = valid_of(pg);
       const int buf = it & 1;
       float sv[NSL][2], wm[NSL];
-      score(st, 1.0f, 0, first, end, buf, sv, wm);
+      score(st, 1.0f, first, end, buf, sv, wm);
       if constexpr (NS >= 3) cp_async_wait<NS - 3>();  // page it + 1 (this thread's copies)
       __syncthreads();  // maxima of page it; page it + 1 visible; everyone is done with page it - 1
       if constexpr (NS >= 3) {

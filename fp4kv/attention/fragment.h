@@ -53,19 +53,9 @@ FP4KV_HD void fp4_word_to_a_regs(uint32_t word, uint32_t (&a)[4]) {
   a[3] = byte_perm(hi, 0u, 0x3414u);  // slots 3, 7
 }
 
-// FP16 bits of 2^k: normal for k in [-14, 15], subnormal for [-24, -15], 0 below.
-FP4KV_HD uint32_t half_pow2_bits(int k) {
-  if (k > 15) return 0x7c00u;  // cannot happen for layout-conforming pages
-  if (k >= -14) return uint32_t(k + 15) << 10;
-  if (k >= -24) return 1u << (k + 24);
-  return 0u;
-}
-
-// The power-of-two exponent of an MXFP4 page scale (a power of two, possibly subnormal).
-FP4KV_HD int pow2_exponent(float page_scale) { return floor_log2(page_scale); }
-
-// FP16 factor of an MXFP4 block scale code relative to the page scale 2^pe: 2^(e - 127 - pe).
-FP4KV_HD uint32_t mx_scale_half_bits(uint32_t code, int pe) { return half_pow2_bits(int(code) - kE8M0Bias - pe); }
+// FP32 value 2^(code - 127) of an E8M0 scale code (0..254) with one shift: the code is the
+// exponent field; code 0 is the subnormal 2^-127.
+FP4KV_HD float e8m0_scale_value(uint32_t code) { return bits_float(code != 0 ? code << 23 : 0x00400000u); }
 
 // ---- Reading a page in shared memory (layout.h: parts stored part-major) ---------------
 // Byte offset (in the stage) of 16-byte part `part` of lane `lane` of row group `rg`.

@@ -36,9 +36,9 @@
 //
 // Page scales: NVFP4 k_g / v_g are the FP32 global scales g = amax / 2688 of the slice.
 // MXFP4 has no g; its page scale is the power of two 2^(emax - 15), emax the largest block
-// exponent (code - 127) of the slice, so that every block scale divided by it (2^(e - emax
-// + 15) <= 2^15) is an FP16 value and FP4 x scale expands to FP16 exactly for blocks within
-// 24 binades of the slice maximum (docs/DESIGN.md). FP8: the slice scale amax / 448.
+// exponent (code - 127) of the slice: the range of the page's block scales, for tools. The
+// decode kernel applies MXFP4 block scales in FP32 and does not read it (docs/DESIGN.md).
+// FP8: the slice scale amax / 448.
 #pragma once
 
 #include <cstdint>

@@ -60,11 +60,8 @@ TEST(Fragment, Fp4WordToFourRegistersMatchesPerRegister) {
   }
 }
 
-TEST(Fragment, HalfPow2) {
-  for (int k = -30; k <= 15; ++k) {
-    const float want = k < -24 ? 0.0f : pow2f(k);
-    EXPECT_EQ(half_value(half_pow2_bits(k)), want) << k;
-  }
+TEST(Fragment, E8M0ScaleValueIsExact) {
+  for (uint32_t c = 0; c < 255; ++c) EXPECT_EQ(e8m0_scale_value(c), e8m0_value(uint8_t(c))) << c;
 }
 
 // Every lane's K and V fragments of a packed page, expanded as the kernel does.
@@ -80,15 +77,13 @@ void check_page(KvFormat f, int d, bool search) {
   const int KS = d / 16;
   const int kcpl = (fp4 ? KS * 4 : KS * 8) / 16, vcpl = (fp4 ? 32 : 64) / 16;
   const auto& st = bytes;  // the kernel's stage is the page as stored (one bulk copy)
-  float ps[2];
-  std::memcpy(ps, &st[l.page_scales], 8);
-  const int pek = f == KvFormat::mxfp4 ? pow2_exponent(ps[0]) : 0, pev = f == KvFormat::mxfp4 ? pow2_exponent(ps[1]) : 0;
-  const float unit_k = fp4 ? (f == KvFormat::mxfp4 ? ps[0] : 1.0f) * pow2f(14) : 1.0f;
-  const float unit_v = fp4 ? (f == KvFormat::mxfp4 ? ps[1] : 1.0f) * pow2f(14) : 1.0f;
+  // FP4: the A registers hold value x 2^-14. NVFP4 multiplies them by the FP16 block scale
+  // (HMUL2, exact); MXFP4 multiplies the MMA's FP32 block product by the FP32 block scale,
+  // emulated here per element (exact: a power of two). g is applied outside, as in the kernel.
+  const float unit = fp4 ? pow2f(14) : 1.0f;
 
   // Registers of the A fragment of tile (rg, ks) of a code array with `cpl` parts per lane.
-  auto a_regs = [&](int codes_off, int scales_off, int blocks, int cpl, int rg, int lane, int ks, int pe,
-                    float out[4][2]) {
+  auto a_regs = [&](int codes_off, int scales_off, int blocks, int cpl, int rg, int lane, int ks, float out[4][2]) {
     if (fp4) {
       const int per_part = 4;
       const uint32_t word = load_u32(st, codes_off + code_part_offset(rg, ks / per_part, lane, cpl) + (ks % per_part) * 4);
@@ -97,12 +92,14 @@ void check_page(KvFormat f, int d, bool search) {
       float sc[2];
       for (int h = 0; h < 2; ++h) {
         const uint8_t code = st[so + h];
-        sc[h] = l.format == KvFormat::nvfp4 ? round_fp16(e4m3_value(code)) : half_value(mx_scale_half_bits(code, pe));
+        sc[h] = l.format == KvFormat::nvfp4 ? round_fp16(e4m3_value(code)) : e8m0_scale_value(code);
       }
       for (int reg = 0; reg < 4; ++reg) {
         const uint32_t h2 = fp4_word_to_a_reg_bits(word, reg);
-        out[reg][0] = hmul(half_value(h2), sc[reg % 2]);
-        out[reg][1] = hmul(half_value(h2 >> 16), sc[reg % 2]);
+        for (int e = 0; e < 2; ++e) {
+          const float a = half_value(h2 >> (16 * e));
+          out[reg][e] = l.format == KvFormat::nvfp4 ? hmul(a, sc[reg % 2]) : a * sc[reg % 2];
+        }
       }
     } else {
       const int off = codes_off + code_part_offset(rg, ks / 2, lane, cpl) + (ks % 2) * 8;
@@ -117,22 +114,22 @@ void check_page(KvFormat f, int d, bool search) {
     for (int kg = 0; kg < kPageTokens / 16; ++kg)
       for (int ks = 0; ks < KS; ++ks) {
         float a[4][2];
-        a_regs(l.k_codes, l.k_scales, kblocks, kcpl, kg, lane, ks, pek, a);
+        a_regs(l.k_codes, l.k_scales, kblocks, kcpl, kg, lane, ks, a);
         for (int reg = 0; reg < 4; ++reg)
           for (int e = 0; e < 2; ++e) {
             const int t = kg * 16 + a_frag_row(lane, reg), c = ks * 16 + a_frag_col(lane, reg) + e;
-            ASSERT_EQ(a[reg][e] * unit_k, p.k_expanded(t, c) * (fp4 ? 1.0f : 1.0f))
+            ASSERT_EQ(a[reg][e] * unit, p.k_expanded(t, c))
                 << to_string(f) << " d=" << d << " K t=" << t << " c=" << c;
           }
       }
     for (int cg = 0; cg < d / 16; ++cg)
       for (int ks = 0; ks < 8; ++ks) {
         float a[4][2];
-        a_regs(l.v_codes, l.v_scales, vblocks, vcpl, cg, lane, ks, pev, a);
+        a_regs(l.v_codes, l.v_scales, vblocks, vcpl, cg, lane, ks, a);
         for (int reg = 0; reg < 4; ++reg)
           for (int e = 0; e < 2; ++e) {
             const int c = cg * 16 + a_frag_row(lane, reg), t = ks * 16 + a_frag_col(lane, reg) + e;
-            ASSERT_EQ(a[reg][e] * unit_v, p.v_expanded(t, c)) << to_string(f) << " d=" << d << " V t=" << t << " c=" << c;
+            ASSERT_EQ(a[reg][e] * unit, p.v_expanded(t, c)) << to_string(f) << " d=" << d << " V t=" << t << " c=" << c;
           }
       }
   }
