@@ -271,7 +271,38 @@ void write_svg(const std::string& path, const std::vector<Point>& pts, const std
     << "\">y: speedup over our bf16 kernel</text>\n</svg>\n";
 }
 
+// A comma-separated list of positive integers (contexts, batches).
+std::vector<int> positive_ints(const std::string& csv, const char* what) {
+  std::vector<int> out;
+  for (const auto& t : split_csv(csv)) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    require(used == t.size() && v >= 1, std::string("bench: ") + what + " must be positive integers, got '" + t + "'");
+    out.push_back(v);
+  }
+  require(!out.empty(), std::string("bench: no ") + what + " given");
+  return out;
+}
+
 int run_bench(const BenchArgs& A) {
+  // Arguments first (clear errors on any machine), then the GPU.
+  std::vector<Shape> shapes;
+  for (const auto& s : split_csv(A.shapes)) shapes.push_back(shape_of(s));
+  require(!shapes.empty(), "bench: no shapes given");
+  const std::vector<int> ctxs = positive_ints(A.contexts, "contexts"), batches = positive_ints(A.batches, "batches");
+  const auto presets = split_csv(A.presets);
+  require(!presets.empty(), "bench: no presets given");
+  for (const auto& pr : presets) (void)parse_recipe(pr);  // fail early on a bad name
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    throw Error("bench decode needs a CUDA GPU (sm_90: H100/H200); none is visible here");
+  }
   int dev = 0;
   ck(cudaGetDevice(&dev), "device");
   cudaDeviceProp prop;
@@ -291,13 +322,6 @@ int run_bench(const BenchArgs& A) {
         sdpa[e.at("shape").get<std::string>() + "/" + std::to_string(e.at("context").get<int>()) + "/" +
              std::to_string(e.at("batch").get<int>())] = e.at("us").get<double>();
   }
-  std::vector<Shape> shapes;
-  for (const auto& s : split_csv(A.shapes)) shapes.push_back(shape_of(s));
-  std::vector<int> ctxs, batches;
-  for (const auto& c : split_csv(A.contexts)) ctxs.push_back(std::stoi(c));
-  for (const auto& b : split_csv(A.batches)) batches.push_back(std::stoi(b));
-  const auto presets = split_csv(A.presets);
-  for (const auto& pr : presets) (void)parse_recipe(pr);  // fail early on a bad name
   std::vector<Point> pts;
   std::printf("%-14s %7s %5s %-14s %10s %9s %7s %6s %7s %7s %6s\n", "shape", "ctx", "batch", "preset", "median_us", "KV_MB",
               "TB/s", "%read", "x_bf16", "x_sdpa", "splits");
