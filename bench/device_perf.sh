@@ -16,11 +16,7 @@ cuobjdump --dump-sass $B/fp4kv_attention_tests > /tmp/new.sass 2>&1
            "decode_kernelILi1ELi128ELi0ELi1E mxfp4-d128-mixed" "decode_kernelILi2ELi128ELi0ELi1E fp8-d128" \
            "decode_kernelILi3ELi128ELi0ELi1E bf16-d128"; do
     fn=${k%% *}; lab=${k#* }
-    python3 bench/sass_count.py /tmp/new.sass "$fn" "new $lab"
-    old=$B/old_${lab%%-*}128.o   # the issue-5 kernel's object, when carried
-    if [ -f "$old" ]; then
-      cuobjdump --dump-sass "$old" > /tmp/old.sass; python3 bench/sass_count.py /tmp/old.sass "$fn" "old $lab"
-    fi
+    python3 bench/sass_count.py /tmp/new.sass "$fn" "$lab"
   done
   cat /tmp/new.sass | awk '/Function :/ {n=$3} /LDL|STL/ {c[n]++} END {for (k in c) print "local memory:", k, c[k]}' | grep decode_kernel
 } > "$OUT"/sass.txt 2>&1
@@ -33,9 +29,11 @@ if [ "$WHAT" != bench ]; then
   grep -E "^\[  (FAILED|PASSED)|Failure|tests ran" /tmp/step.log | head -10
   timeout 200 $B/fp4kv_cache_tests > /tmp/cache.log 2>&1; st=$?; cat /tmp/cache.log >> "$OUT"/tests.log; (exit $st); echo "cache tests rc=$?"
   grep -E "^\[  (FAILED|PASSED)|Failure|tests ran" /tmp/cache.log | head -10
-  if [ -n "$SANITIZE" ]; then
-    timeout 150 compute-sanitizer --tool memcheck $B/fp4kv_attention_tests --gtest_filter="$SANITIZE" > "$OUT"/memcheck.log 2>&1
-    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT"/memcheck.log | tail -3
+  if [ -n "$SANITIZE" ]; then  # a gtest filter
+    for tool in memcheck racecheck synccheck; do
+      timeout 150 compute-sanitizer --tool $tool $B/fp4kv_attention_tests --gtest_filter="$SANITIZE" > "$OUT"/$tool.log 2>&1
+      echo "$tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT"/$tool.log | tail -3
+    done
   fi
 fi
 if [ "$WHAT" != tests ]; then

@@ -122,8 +122,9 @@ int operand_mode(const Recipe& r) {
   return r.query == QueryFormat::dual_fp4 ? detail::kOmDual : r.query == QueryFormat::fp4 ? detail::kOmFp4 : detail::kOm16;
 }
 
+// MMA column tiles of 8: the G heads times their query terms.
 int column_tiles(const Recipe& r, int G) {
-  const int cols = (r.query == QueryFormat::dual_fp4 ? 2 : 1) * G;
+  const int cols = detail::query_terms(operand_mode(r)) * G;
   return cols <= 8 ? 1 : cols <= 16 ? 2 : 4;
 }
 
@@ -148,7 +149,6 @@ int decode_ctas_per_sm(const DecodeParams& p, const Recipe& r) {
 
 int split_target_ctas(const DecodeParams& p, const Recipe& r, int batch, int sms) {
   const int resident = std::max(1, decode_ctas_per_sm(p, r)) * sms;
-  // The BF16 sink/recent CTAs (one per row and head) are short but take a slot at first.
   const int rows = batch * p.kv_heads;
   // Whole splits per (row, head), so no split CTA is left for a second wave. The BF16
   // sink/recent CTAs (one per row and head) are short: give them slots of their own only
