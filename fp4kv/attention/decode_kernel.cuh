@@ -166,6 +166,14 @@ __device__ __forceinline__ void mx_row_scales(uint32_t pair, float (&f)[2]) {
   f[0] = e8m0_scale_value(pair & 0xFFu);
   f[1] = e8m0_scale_value((pair >> 8) & 0xFFu);
 }
+// Zeroes an accumulator array of any shape (float[...][4]).
+__device__ __forceinline__ void zero(float& x) { x = 0.0f; }
+template <class T, int N>
+__device__ __forceinline__ void zero(T (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) zero(x[i]);
+}
+
 // acc += bacc x (row scale): C fragment elements 0, 1 are row r, 2, 3 row r + 8.
 __device__ __forceinline__ void add_scaled(float (&acc)[4], const float (&bacc)[4], const float (&f)[2]) {
 #pragma unroll
@@ -559,12 +567,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
   auto cg_of = [&](int ci) { return kBulk ? warp % (G_::CG / CGW) + (G_::CG / CGW) * ci : ci; };
   const int slice = kBulk ? warp / (G_::CG / CGW) : warp;  // which partial O this warp adds to
   float o[CGW][NTP][4];
-#pragma unroll
-  for (int i = 0; i < CGW; ++i)
-#pragma unroll
-    for (int j = 0; j < NTP; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[i][j][e] = 0.0f;
+  zero(o);
 
   constexpr bool mx_p = FMT == kMx && kPFp4;  // MXFP4 P: the tile exponent scales P.V
   const uint32_t* qfrag32 = reinterpret_cast<const uint32_t*>(qfrag);
@@ -591,12 +594,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
     // Two accumulator chains (even and odd k-steps), added at the end: half the dependent
     // MMA latency per page.
     float acc2[2][NT][4];
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc2[c][j][e] = 0.0f;
+    zero(acc2);
     if constexpr (kBf) {
       constexpr int CPR = D / 8;
 #pragma unroll
@@ -647,26 +645,19 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
           uint32_t af[4];
           if constexpr (FMT == kMx) {
             fp4_word_to_a_regs(wv[sub], af);
-            if (ks % 2 == 0) {
-#pragma unroll
-              for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) bacc[nt][e] = 0.0f;
-            }
+            if (ks % 2 == 0) zero(bacc);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) mma_f16(bacc[nt], af, qb(ks, nt, 0), qb(ks, nt, 1));
             if (ks % 2 == 1) {
 #pragma unroll
               for (int nt = 0; nt < NT; ++nt) add_scaled(acc2[(ks / 2) % 2][nt], bacc[nt], kscf[ks / 2]);
             }
-            continue;
-          } else if constexpr (FMT == kNv) {
-            expand_fp4(af, wv[sub], ksc[ks]);
           } else {
-            expand_fp8(af, wv[2 * sub], wv[2 * sub + 1]);
-          }
+            if constexpr (FMT == kNv) expand_fp4(af, wv[sub], ksc[ks]);
+            else expand_fp8(af, wv[2 * sub], wv[2 * sub + 1]);
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_f16(acc2[ks % 2][nt], af, qb(ks, nt, 0), qb(ks, nt, 1));
+            for (int nt = 0; nt < NT; ++nt) mma_f16(acc2[ks % 2][nt], af, qb(ks, nt, 0), qb(ks, nt, 1));
+          }
         }
       }
     }
@@ -822,14 +813,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
     // over its KSP k-steps, two accumulator chains.
     auto pv = [&](const uint8_t* st, int pbuf, const float (&alpha_p)[NSLP], const float (&fac_p)[NSLP]) {
       float tmp2[2][CGW][NTP][4];
-#pragma unroll
-      for (int c = 0; c < 2; ++c)
-#pragma unroll
-        for (int i = 0; i < CGW; ++i)
-#pragma unroll
-          for (int j = 0; j < NTP; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) tmp2[c][i][j][e] = 0.0f;
+      zero(tmp2);
 #pragma unroll
       for (int ci = 0; ci < CGW; ++ci) {
         const int cg = cg_of(ci);
@@ -865,7 +849,6 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
             vraw[2 * e + 1] = wv[e] >> 16;
           }
         }
-        uint32_t vsc = 0;
         float bacc[NTP][4];   // MXFP4: the current block's product
         uint32_t pb[NTP][4];  // P^T B fragments of k-steps kk, kk + 1 (n-tile j): one ldmatrix.x4
 #pragma unroll
@@ -877,12 +860,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
           uint32_t af[4];
           if constexpr (FMT == kMx) {  // blocks of two k-steps, scaled in FP32 (mx_row_scales)
             fp4_word_to_a_regs(vw[kk], af);
-            if (kk % 2 == 0) {
-#pragma unroll
-              for (int j = 0; j < NTP; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) bacc[j][e] = 0.0f;
-            }
+            if (kk % 2 == 0) zero(bacc);
 #pragma unroll
             for (int j = 0; j < NTP; ++j) mma_f16(bacc[j], af, pb[j][2 * (kk % 2)], pb[j][2 * (kk % 2) + 1]);
             if (kk % 2 == 1) {
@@ -891,15 +869,12 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
 #pragma unroll
               for (int j = 0; j < NTP; ++j) add_scaled(tmp2[(kk / 2) % 2][ci][j], bacc[j], f);
             }
-            continue;
-          } else if constexpr (FMT == kNv) {
-            vsc = e4m3x2_to_half2_bits(vraw[kk]);
-            expand_fp4(af, vw[kk], vsc);
           } else {
-            expand_fp8(af, vw[2 * kk], vw[2 * kk + 1]);
-          }
+            if constexpr (FMT == kNv) expand_fp4(af, vw[kk], e4m3x2_to_half2_bits(vraw[kk]));
+            else expand_fp8(af, vw[2 * kk], vw[2 * kk + 1]);
 #pragma unroll
-          for (int j = 0; j < NTP; ++j) mma_f16(tmp2[kk % 2][ci][j], af, pb[j][2 * (kk % 2)], pb[j][2 * (kk % 2) + 1]);
+            for (int j = 0; j < NTP; ++j) mma_f16(tmp2[kk % 2][ci][j], af, pb[j][2 * (kk % 2)], pb[j][2 * (kk % 2) + 1]);
+          }
         }
       }
       float tmp[CGW][NTP][4];
@@ -991,12 +966,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
         pb[j][1] = ps32[ps_word_index(j, lane, warp, 1)];
       }
       float tmp[CGW][NTP][4];
-#pragma unroll
-      for (int i = 0; i < CGW; ++i)
-#pragma unroll
-        for (int j = 0; j < NTP; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) tmp[i][j][e] = 0.0f;
+      zero(tmp);
       constexpr int CPR = D / 8;
 #pragma unroll
       for (int i = 0; i < CGW; ++i) {
