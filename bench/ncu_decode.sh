@@ -1,12 +1,12 @@
 #!/bin/bash
 # Nsight Compute counters of the decode kernel for a few presets at one point, and the SASS
-# of the d = 128 decode kernels, into $OUT (run on the device after bench/device_perf.sh
+# of the d = 128 decode kernels (xz), into $OUT (run on the device after bench/device_perf.sh
 # unpacked the binaries, or with B set).
 #   bench/ncu_decode.sh [presets] [context] [batch] [shape]
 B=${B:-/tmp/fp4kv-bin}; export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"
 PRESETS=${1:-nvfp4,nvfp4-native}; CTX=${2:-131072}; BATCH=${3:-64}; SHAPE=${4:-qwen3-4b}
-cuobjdump --dump-sass $B/fp4kv_attention_tests | awk '/Function :/ {p = ($3 ~ /decode_kernelILi[0-3]ELi128E/)} p' > "$OUT"/decode_d128.sass
+cuobjdump --dump-sass $B/fp4kv_attention_tests | awk '/Function :/ {p = ($3 ~ /decode_kernelILi[0-3]ELi128E/)} p' | xz -9 > "$OUT"/decode_d128.sass.xz
 for p in ${PRESETS//,/ }; do
   timeout 120 ncu --clock-control none -k regex:decode_kernel --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
