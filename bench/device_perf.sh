@@ -3,6 +3,7 @@
 # the PyTorch SDPA baseline and the `fp4kv bench decode` sweep (SDPA column merged). The
 # Nsight Compute counters are bench/ncu_decode.sh. Logs and results go to $OUT.
 #   bench/device_perf.sh .devbin/perf.tar.xz [full|tests|bench] [extra bench args...]
+# CONTEXTS=4096,131072 limits both the SDPA baseline and the bench to those contexts.
 set -o pipefail
 TAR=${1:-.devbin/perf.tar.xz}; WHAT=${2:-full}; shift 2
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"
@@ -37,9 +38,10 @@ if [ "$WHAT" != bench ]; then
   fi
 fi
 if [ "$WHAT" != tests ]; then
-  PYTHONUNBUFFERED=1 timeout 150 python3 bench/sdpa_baseline.py --json "$OUT"/sdpa.json --runs 15 > /tmp/sdpa.log 2>&1
+  CTX=${CONTEXTS:-4096,16384,32768,65536,131072,262144}
+  PYTHONUNBUFFERED=1 timeout 150 python3 bench/sdpa_baseline.py --json "$OUT"/sdpa.json --runs 15 --contexts $CTX > /tmp/sdpa.log 2>&1
   echo "sdpa rc=$?"; grep -E "131072" /tmp/sdpa.log | head -12
   timeout 380 $B/fp4kv_bench bench decode --runs 15 --sdpa "$OUT"/sdpa.json --json "$OUT"/bench.json \
-    --markdown "$OUT"/bench.md --svg "$OUT"/bench.svg "$@" > "$OUT"/bench.log 2>&1
+    --markdown "$OUT"/bench.md --svg "$OUT"/bench.svg --contexts $CTX "$@" > "$OUT"/bench.log 2>&1
   echo "bench rc=$?"; head -1 "$OUT"/bench.log; grep -E " (131072|4096) " "$OUT"/bench.log | grep -E "qwen3-4b" | head -70
 fi

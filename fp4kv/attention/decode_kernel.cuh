@@ -72,7 +72,8 @@ struct Geo {
   static constexpr int KP = kBulk ? kWarps * CGW / CG : kWarps;       // partial-O slices
   static constexpr int KSP = kBulk ? kPageTokens / 16 / KP : 1;       // P.V k-steps per warp and page
   static constexpr int GMAX = (8 * NT / T) < kMaxG ? 8 * NT / T : kMaxG;
-  // Query B fragments in registers when they are few (else re-read from shared memory).
+  // Query B fragments in registers when they are few (else re-read from shared memory;
+  // 32 registers at d = 128 with two n-tiles measured no faster and spilled MXFP4).
   static constexpr bool kQReg = KS * NT * 2 <= 16;
   // shared memory: [region: page stages | BF16 sink/recent rows | final O merge][extras]
   static constexpr int QFRAG = KS * NT * 32 * 8;
@@ -552,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
   // 8 nt + 2 (lane % 4) + e. P.V slots: head 8 ntp + 2 (lane % 4) + e.
   auto sm_head = [&](int sl) { return T == 2 ? 4 * sl + lane % 4 : 8 * (sl / 2) + 2 * (lane % 4) + sl % 2; };
   auto pv_head = [&](int sp) { return 8 * (sp / 2) + 2 * (lane % 4) + sp % 2; };
-  float gf0[NSL], gf1[NSL], m_s[NSL], l_s[NSL], m_p[NSLP];
+  float gf0[NSL], gf1[NSL], m_s[NSL], l_s[NSL];
 #pragma unroll
   for (int sl = 0; sl < NSL; ++sl) {
     const int h = min(sm_head(sl), kMaxG - 1);
@@ -561,8 +562,6 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
     m_s[sl] = neg_inf();
     l_s[sl] = 0.0f;
   }
-#pragma unroll
-  for (int sp = 0; sp < NSLP; ++sp) m_p[sp] = neg_inf();
   // O^T fragments: channel group cg_of(ci) (16 channels) x n-tile j (8 heads).
   auto cg_of = [&](int ci) { return kBulk ? warp % (G_::CG / CGW) + (G_::CG / CGW) * ci : ci; };
   const int slice = kBulk ? warp / (G_::CG / CGW) : warp;  // which partial O this warp adds to
@@ -664,17 +663,19 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
 #pragma unroll
     for (int sl = 0; sl < NSL; ++sl) {
       const int h = sm_head(sl);
+      // One factor per column and page: the query term's g x the page's kfac (which
+      // carries gamma).
+      const float f0 = __fmul_rn(gf0[sl], kfac), f1 = T == 2 ? __fmul_rn(gf1[sl], kfac) : 0.0f;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const int key = 16 * warp + lane / 4 + 8 * rr;
         float x;
         if constexpr (T == 2) {
-          x = __fadd_rn(__fmul_rn(acc2[0][sl][2 * rr] + acc2[1][sl][2 * rr], gf0[sl]),
-                        __fmul_rn(acc2[0][sl][2 * rr + 1] + acc2[1][sl][2 * rr + 1], gf1[sl]));
+          x = __fadd_rn(__fmul_rn(acc2[0][sl][2 * rr] + acc2[1][sl][2 * rr], f0),
+                        __fmul_rn(acc2[0][sl][2 * rr + 1] + acc2[1][sl][2 * rr + 1], f1));
         } else {
-          x = __fmul_rn(acc2[0][sl / 2][2 * rr + sl % 2] + acc2[1][sl / 2][2 * rr + sl % 2], gf0[sl]);
+          x = __fmul_rn(acc2[0][sl / 2][2 * rr + sl % 2] + acc2[1][sl / 2][2 * rr + sl % 2], f0);
         }
-        x = __fmul_rn(__fmul_rn(x, kfac), a.gamma);
         sv[sl][rr] = (key >= first && key < end && h < G) ? x : neg_inf();
       }
       wm[sl] = warp_max_xor(fmaxf(sv[sl][0], sv[sl][1]), 4);
@@ -715,15 +716,16 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
       m_s[sl] = mn;
       float lsum = 0.0f;
       int etile = 0;
-      float wpmax = 0.0f;
+      int pexp = 0;  // MXFP4 P: the block exponent (a block is the warp pair's 32 keys)
       alpha_s[sl] = alpha;
       if constexpr (mx_p) {
         etile = mxfp4_ocp_exponent(fast_exp2(__fadd_rn(__fsub_rn(mt, mz), a.log2c)));
-        wpmax = fast_exp2(__fadd_rn(__fsub_rn(pair_max_of(h), mz), a.log2c));
+        pexp = mxfp4_ocp_exponent(fast_exp2(__fadd_rn(__fsub_rn(pair_max_of(h), mz), a.log2c)));
         fac_s[sl] = __fmul_rn(vfac, pow2f(max(etile - 13, -149)));
       }
-      float pmax = 0.0f;
-      if constexpr (FMT == kNv && kPFp4) pmax = fast_exp2(__fadd_rn(__fsub_rn(wm[sl], mz), a.log2c));
+      float psc = 0.0f;  // NVFP4 P: the block scale value (the warp's 16 keys are one block)
+      if constexpr (FMT == kNv && kPFp4)
+        psc = nvfp4_prob_scale_value(fast_exp2(__fadd_rn(__fsub_rn(wm[sl], mz), a.log2c)), a.pmode == kPNvUnderflow, a.tau);
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const float p = fast_exp2(__fadd_rn(__fsub_rn(sv[sl][rr], mz), a.log2c));
@@ -731,15 +733,11 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
         uint32_t bits;
         if constexpr (!kPFp4) {
           bits = FMT == kBf16 ? bf16_bits(p) : half_bits(p);
-        } else if constexpr (FMT == kMx) {
-          const uint8_t sc = mxfp4_prob_scale(wpmax);
-          const uint8_t code = mxfp4_prob_code(p, sc);
-          const int k = max(int(sc) - kE8M0Bias - etile + 13, -149);
-          bits = half_bits(__fmul_rn(e2m1_value(code), pow2f(k)));
+        } else if constexpr (FMT == kMx) {  // e2m1_round_value: the value of mxfp4_prob_code
+          const float v = e2m1_round_value(__fmul_rn(p, pow2f(-pexp)));
+          bits = half_bits(__fmul_rn(v, pow2f(max(pexp - etile + 13, -149))));
         } else {
-          const uint8_t sc = nvfp4_prob_scale(pmax, a.pmode == kPNvUnderflow, a.tau);
-          const float svl = e4m3_value(sc);
-          bits = half_bits(__fmul_rn(e2m1_value(nvfp4_prob_code(p, svl)), svl));
+          bits = half_bits(nvfp4_prob_value(p, psc));
         }
         const int key = 16 * warp + lane / 4 + 8 * rr;
         psb[h * kPsStride + key] = uint16_t(bits);
@@ -754,18 +752,21 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
         fac_p[sp] = fac_s[sp];
       }
     } else {
+      // T == 2: the head of a P.V slot is a softmax slot of a lane of this quad (head
+      // 4 sl + lane % 4): its rescale and page factors come by shuffles, not a second
+      // tile maximum. Padding heads (>= G) take head G - 1's (finite, multiply zeros).
 #pragma unroll
       for (int sp = 0; sp < NSLP; ++sp) {
-        const int h = min(pv_head(sp), G - 1);
-        const float mt = tile_max(h);
-        const float mn = fmaxf(m_p[sp], mt);
-        const float mz = mn == neg_inf() ? 0.0f : mn;
-        alpha_p[sp] = fast_exp2(__fsub_rn(m_p[sp], mz));
-        m_p[sp] = mn;
+        const int h = min(pv_head(sp), G - 1), src = (lane & ~3) | (h % 4);
+        alpha_p[sp] = 1.0f;
         fac_p[sp] = vfac;
-        if constexpr (mx_p) {
-          const int etile = mxfp4_ocp_exponent(fast_exp2(__fadd_rn(__fsub_rn(mt, mz), a.log2c)));
-          fac_p[sp] = __fmul_rn(vfac, pow2f(max(etile - 13, -149)));
+#pragma unroll
+        for (int sl = 0; sl < NSL; ++sl) {
+          const float al = __shfl_sync(0xffffffffu, alpha_s[sl], src), fa = __shfl_sync(0xffffffffu, fac_s[sl], src);
+          if (sl == h / 4) {
+            alpha_p[sp] = al;
+            fac_p[sp] = fa;
+          }
         }
       }
     }
@@ -808,6 +809,8 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
         smem_u32(ps) + ((lane % 8) * kPsStride + (ks0 + lane / 16) * 16 + ((lane / 8) % 2) * 8) * 2;
     int blk_next = (tid == 0 && NS < npg) ? __ldg(btab + p_begin + NS) : 0;
     float alpha_prev[NSLP], fac_prev[NSLP];
+    // gamma and the 2^14 of the FP4 expansion in one factor (x the page scale g below).
+    const float kgamma = G_::kFp4 ? __fmul_rn(a.gamma, 16384.0f) : a.gamma;
 
     // P.V of the page in stage `st` with P^T from buffer `pbuf`: the warp's channel groups
     // over its KSP k-steps, two accumulator chains.
@@ -894,14 +897,13 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
       const int pg = p_begin + it;
       const int first = pg == 0 ? lay.masked_prefix : 0, end = valid_of(pg);
       const int buf = it & 1;
-      // Page factors of S and of the P.V partial: the FP32 page scale g (NVFP4, FP8) and the
-      // 2^14 of the FP4 expansion; MXFP4 applies its block scales in FP32 and needs no g.
+      // Page factors of S and of the P.V partial: the FP32 page scale g (NVFP4, FP8), the
+      // 2^14 of the FP4 expansion and, for S, gamma (kgamma); MXFP4 applies its block scales
+      // in FP32 and needs no g.
       const float* pscale = reinterpret_cast<const float*>(st + L.page_scales);
-      float kfac = FMT == kMx ? 1.0f : pscale[0], vfac = FMT == kMx ? 1.0f : pscale[1];
-      if constexpr (G_::kFp4) {
-        kfac = __fmul_rn(kfac, 16384.0f);
-        vfac = __fmul_rn(vfac, 16384.0f);
-      }
+      const float kfac = FMT == kMx ? kgamma : __fmul_rn(pscale[0], kgamma);
+      float vfac = FMT == kMx ? 1.0f : pscale[1];
+      if constexpr (G_::kFp4) vfac = __fmul_rn(vfac, 16384.0f);
       float sv[NSL][2], wm[NSL];
       score(st, kfac, first, end, buf, sv, wm);
       __syncthreads();
@@ -945,7 +947,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
       const int first = pg == 0 ? lay.masked_prefix : 0, end = valid_of(pg);
       const int buf = it & 1;
       float sv[NSL][2], wm[NSL];
-      score(st, 1.0f, first, end, buf, sv, wm);
+      score(st, a.gamma, first, end, buf, sv, wm);
       if constexpr (NS >= 3) cp_async_wait<NS - 3>();  // page it + 1 (this thread's copies)
       __syncthreads();  // maxima of page it; page it + 1 visible; everyone is done with page it - 1
       if constexpr (NS >= 3) {

@@ -14,10 +14,11 @@ namespace fp4kv::cache {
 // costs (prologue, first-page latency, its partial output and the combine's read of it)
 // that its pages must amortize: about 150 KB of pages for the bandwidth-light kernels (8
 // NVFP4/MXFP4 pages in mixed mode, 4 FP8, 2 BF16 at d = 128), 2 pages for the native FP4
-// kernels, whose pages cost about twice the instructions. Measured on the H200 at batch 1
-// (docs/PERF.md): mixed NVFP4 at 4K-16K tokens is fastest with 8 pages per split (up to
-// 1.5x over 2 pages at 16K for Qwen3-30B-A3B's 4 KV heads); native NVFP4 was 1.2-1.3x
-// slower with 8 pages than with 1-4.
+// kernels, whose pages have the longer latency per CTA (the P quantization sits between
+// the tile maximum and P.V). Measured on the H200 at batch 1 (docs/PERF.md): mixed NVFP4
+// at 4K-16K tokens is fastest with 8 pages per split (up to 1.5x over 2 pages at 16K for
+// Qwen3-30B-A3B's 4 KV heads); native NVFP4 at 4K is 1.1-1.25x slower with 8 pages per
+// split than with 2 (Qwen3-4B 27.5 vs 24.6 us, Qwen3-30B-A3B 30.2 vs 24.2 us).
 inline int min_split_pages(const Recipe& r) {
   if (r.kv == KvFormat::bf16) return 2;
   if (r.kv == KvFormat::fp8) return 4;

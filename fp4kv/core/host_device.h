@@ -3,6 +3,7 @@
 // into FMAs (the formats of SPEC section 3 are defined op by op in IEEE float32).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -76,14 +77,16 @@ FP4KV_HD float pow2f(int k) {
   return bits_float(1u << (k + 149));
 }
 
-// floor(log2(x)) for finite x > 0, subnormals included; exact.
+// floor(log2(x)) for finite x > 0, subnormals included; exact, without branches.
 FP4KV_HD int floor_log2(float x) {
   const uint32_t u = float_bits(x) & 0x7fffffffu;
   const int e = int(u >> 23);
-  if (e != 0) return e - 127;
-  int msb = 22;  // subnormal: value = m * 2^-149
-  while (msb > 0 && !((u >> msb) & 1u)) --msb;
-  return msb - 149;
+#if defined(__CUDA_ARCH__)
+  const int msb = 31 - __clz(int(u));  // subnormal: value = u * 2^-149
+#else
+  const int msb = 31 - std::countl_zero(u);
+#endif
+  return e != 0 ? e - 127 : msb - 149;
 }
 
 }  // namespace fp4kv

@@ -6,6 +6,11 @@
 
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#endif
+
 #include "fp4kv/core/block_quant.h"
 #include "fp4kv/core/host_device.h"
 #include "fp4kv/core/minifloat.h"
@@ -39,6 +44,59 @@ FP4KV_HD uint8_t nvfp4_prob_scale(float pmax, bool underflow_aware, float tau) {
 }
 FP4KV_HD uint8_t nvfp4_prob_code(float p, float scale_value) {
   return scale_value > 0.0f ? e2m1_encode(div_rn(p, scale_value)) : uint8_t(0);
+}
+
+// ---- The same P quantization as values, without branches (the decode kernel's form) -----
+// The decode kernel needs only the dequantized value code * s of each probability. These
+// give exactly e2m1_value(nvfp4_prob_code(p, s)) * s and e4m3_value(nvfp4_prob_scale(..)) for
+// every finite input >= 0 (tests/core: CPU; tests/attention/test_prob_quant.cu: every input
+// class on the GPU, where the division and the E4M3 rounding take the fast paths below).
+
+// e2m1_value(e2m1_encode(x)) for finite x >= 0. Below 1 the grid is 0, 0.5, 1: adding and
+// removing 1.5 * 2^22 rounds to a multiple of 0.5 (ties to even = the even code). From 1 on,
+// E2M1 is a float with one mantissa bit: round the bits to it (ties to even mantissa = the
+// even code), then saturate at 6.
+FP4KV_HD float e2m1_round_value(float x) {
+  const float lo = sub_rn(add_rn(x, 6291456.0f), 6291456.0f);
+  const uint32_t u = float_bits(x);
+  const float hi = bits_float((u + 0x1FFFFFu + ((u >> 22) & 1u)) & 0xFFC00000u);
+  return x < 1.0f ? lo : (hi < 6.0f ? hi : 6.0f);
+}
+
+// a / b rounded to nearest even, for 0 <= a < 2^64 and b an E4M3 value > 0; a below 2^-100
+// gives 0 (callers compare the quotient with E2M1 or E4M3 rounding points >= 2^-10). On the
+// device: the fast path of IEEE division (reciprocal, one Newton step, quotient, one FMA
+// correction) without its range check and slow-path call, which these ranges never need.
+FP4KV_HD float div_rn_flush_tiny(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(b));
+  r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+  const float q = __fmul_rn(a, r);
+  const float x = __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
+  return a < 7.8886091e-31f ? 0.0f : x;  // 2^-100
+#else
+  return a < 7.8886091e-31f ? 0.0f : div_rn(a, b);
+#endif
+}
+
+// e4m3_value(nvfp4_prob_scale(pmax, underflow_aware, tau)) for finite pmax >= 0; on the
+// device the E4M3 rounding is the hardware conversion (round to nearest even, saturating).
+FP4KV_HD float nvfp4_prob_scale_value(float pmax, bool underflow_aware, float tau) {
+  const float kappa = (underflow_aware && pmax <= tau) ? 2.0f : 6.0f;
+  const float t = div_rn_flush_tiny(pmax, kappa);
+#if defined(__CUDA_ARCH__)
+  const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(t, __NV_SATFINITE, __NV_E4M3);
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3)));
+#else
+  return e4m3_value(e4m3_encode(t));
+#endif
+}
+
+// e2m1_value(nvfp4_prob_code(p, s)) * s for finite p >= 0 and s = an E4M3 value >= 0.
+FP4KV_HD float nvfp4_prob_value(float p, float s) {
+  const float v = mul_rn(e2m1_round_value(div_rn_flush_tiny(p, s)), s);
+  return s > 0.0f ? v : 0.0f;
 }
 
 // MXFP4: the OCP exponent of pmax (E8M0 reaches 2^-127, so there is no underflow to avoid;

@@ -43,6 +43,16 @@ int nearest_code(double x, int n_codes, F value) {
   return best;
 }
 
+TEST(FloorLog2, MatchesIlogbForSubnormalsAndNormals) {
+  for (uint32_t u = 1; u < 0x00800000u; u = u * 3 / 2 + 1)  // subnormals, every msb position
+    EXPECT_EQ(floor_log2(bits_float(u)), std::ilogb(bits_float(u))) << u;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 100000; ++i) {
+    const float x = bits_float(1u + rng() % 0x7f7fffffu);
+    ASSERT_EQ(floor_log2(x), std::ilogb(x)) << x;
+  }
+}
+
 TEST(E2M1, AllCodesDecodeToFirstPrinciples) {
   for (int c = 0; c < 16; ++c) {
     EXPECT_EQ(double(e2m1_value(uint8_t(c))), e2m1_first_principles(c)) << "code " << c;
