@@ -70,6 +70,7 @@ struct BenchArgs {
   int runs = 30;
   double rotate_gb = 1.0;
   int max_splits = 128;
+  int pages_per_split = 0;  // 0: the planner's choice (split_target_ctas, cache::min_split_pages)
   std::string json = "bench_decode.json", markdown = "bench_decode.md", svg = "bench_decode.svg", sdpa;
 };
 
@@ -177,7 +178,7 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
   int cap = 1;
   {
     attention::HostStepPlan probe(batch, A.max_splits);
-    probe.fill(std::vector<int>(lens.begin(), lens.end()), r, H, 0, {}, target);
+    probe.fill(std::vector<int>(lens.begin(), lens.end()), r, H, A.pages_per_split, {}, target);
     for (int x : probe.splits()) cap = std::max(cap, x);
   }
   // One plan per copy: copy c uses slots [c * batch, (c + 1) * batch).
@@ -187,7 +188,7 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
     std::vector<int> sl(batch);
     for (int b = 0; b < batch; ++b) sl[b] = slots_used ? c * batch + b : b;
     plans.push_back(std::make_unique<attention::HostStepPlan>(batch, cap));
-    plans.back()->fill(std::vector<int>(lens.begin(), lens.end()), r, H, 0, sl, target);
+    plans.back()->fill(std::vector<int>(lens.begin(), lens.end()), r, H, A.pages_per_split, sl, target);
   }
   pt.splits = plans[0]->splits()[0];
   attention::DecodeWorkspace ws(batch, QH, d, cap);
@@ -429,6 +430,10 @@ Action add_bench(CLI::App& app) {
   dec->add_option("--rotate-gb", a->rotate_gb, "cache copies rotated so each point reads at least this many GB")
       ->capture_default_str();
   dec->add_option("--max-splits", a->max_splits, "split capacity per row")->capture_default_str()->check(CLI::Range(1, 4096));
+  dec->add_option("--pages-per-split", a->pages_per_split,
+                  "force the pages per split (0: the planner's choice; for tuning the split floor)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   dec->add_option("--json", a->json, "JSON output")->capture_default_str();
   dec->add_option("--markdown", a->markdown, "markdown table output")->capture_default_str();
   dec->add_option("--svg", a->svg, "SVG plot output")->capture_default_str();

@@ -24,6 +24,7 @@ TEST(CliBench, BadArgumentsGetClearErrors) {
   expect_error("--batches 0", "batches must be positive integers, got '0'");
   expect_error("--contexts 4k", "contexts must be positive integers, got '4k'");
   expect_error("--presets nvfp4,nvfp9", "nvfp9");
+  expect_error("--pages-per-split -1", "pages-per-split");
 }
 
 }  // namespace
