@@ -663,20 +663,24 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
 #pragma unroll
     for (int sl = 0; sl < NSL; ++sl) {
       const int h = sm_head(sl);
-      // One factor per column and page: the query term's g x the page's kfac (which
-      // carries gamma).
-      const float f0 = __fmul_rn(gf0[sl], kfac), f1 = T == 2 ? __fmul_rn(gf1[sl], kfac) : 0.0f;
+      // Mixed mode: one factor per column and page, g of the query x (kfac x gamma). FP4 P
+      // (native) keeps the reference's order, ((acc1 g1 + acc2 g2) kfac) gamma: its E2M1
+      // rounding of p turns an ulp of difference into a code flip.
+      const float f0 = kPFp4 ? gf0[sl] : __fmul_rn(gf0[sl], __fmul_rn(kfac, a.gamma));
+      // Keys outside [first, end) (the masked sink copy, the tail of a last page) get -inf.
+      // Columns of heads >= G need no mask: their maxima and P are never used.
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const int key = 16 * warp + lane / 4 + 8 * rr;
         float x;
         if constexpr (T == 2) {
           x = __fadd_rn(__fmul_rn(acc2[0][sl][2 * rr] + acc2[1][sl][2 * rr], f0),
-                        __fmul_rn(acc2[0][sl][2 * rr + 1] + acc2[1][sl][2 * rr + 1], f1));
+                        __fmul_rn(acc2[0][sl][2 * rr + 1] + acc2[1][sl][2 * rr + 1], gf1[sl]));
         } else {
           x = __fmul_rn(acc2[0][sl / 2][2 * rr + sl % 2] + acc2[1][sl / 2][2 * rr + sl % 2], f0);
         }
-        sv[sl][rr] = (key >= first && key < end && h < G) ? x : neg_inf();
+        if constexpr (kPFp4) x = __fmul_rn(__fmul_rn(x, kfac), a.gamma);
+        sv[sl][rr] = (key >= first && key < end) ? x : neg_inf();
       }
       wm[sl] = warp_max_xor(fmaxf(sv[sl][0], sv[sl][1]), 4);
       if (lane < 4 && h < G) red_max[(buf * kMaxG + h) * kWarps + warp] = wm[sl];
@@ -728,7 +732,8 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
         psc = nvfp4_prob_scale_value(fast_exp2(__fadd_rn(__fsub_rn(wm[sl], mz), a.log2c)), a.pmode == kPNvUnderflow, a.tau);
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        const float p = fast_exp2(__fadd_rn(__fsub_rn(sv[sl][rr], mz), a.log2c));
+        // log2 c is 0 unless P is FP4 (decode.cu): mixed mode skips the add.
+        const float p = fast_exp2(kPFp4 ? __fadd_rn(__fsub_rn(sv[sl][rr], mz), a.log2c) : __fsub_rn(sv[sl][rr], mz));
         lsum += p;
         uint32_t bits;
         if constexpr (!kPFp4) {
@@ -809,8 +814,6 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
         smem_u32(ps) + ((lane % 8) * kPsStride + (ks0 + lane / 16) * 16 + ((lane / 8) % 2) * 8) * 2;
     int blk_next = (tid == 0 && NS < npg) ? __ldg(btab + p_begin + NS) : 0;
     float alpha_prev[NSLP], fac_prev[NSLP];
-    // gamma and the 2^14 of the FP4 expansion in one factor (x the page scale g below).
-    const float kgamma = G_::kFp4 ? __fmul_rn(a.gamma, 16384.0f) : a.gamma;
 
     // P.V of the page in stage `st` with P^T from buffer `pbuf`: the warp's channel groups
     // over its KSP k-steps, two accumulator chains.
@@ -897,13 +900,14 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
       const int pg = p_begin + it;
       const int first = pg == 0 ? lay.masked_prefix : 0, end = valid_of(pg);
       const int buf = it & 1;
-      // Page factors of S and of the P.V partial: the FP32 page scale g (NVFP4, FP8), the
-      // 2^14 of the FP4 expansion and, for S, gamma (kgamma); MXFP4 applies its block scales
-      // in FP32 and needs no g.
+      // Page factors of S and of the P.V partial: the FP32 page scale g (NVFP4, FP8) and the
+      // 2^14 of the FP4 expansion; MXFP4 applies its block scales in FP32 and needs no g.
       const float* pscale = reinterpret_cast<const float*>(st + L.page_scales);
-      const float kfac = FMT == kMx ? kgamma : __fmul_rn(pscale[0], kgamma);
-      float vfac = FMT == kMx ? 1.0f : pscale[1];
-      if constexpr (G_::kFp4) vfac = __fmul_rn(vfac, 16384.0f);
+      float kfac = FMT == kMx ? 1.0f : pscale[0], vfac = FMT == kMx ? 1.0f : pscale[1];
+      if constexpr (G_::kFp4) {
+        kfac = __fmul_rn(kfac, 16384.0f);
+        vfac = __fmul_rn(vfac, 16384.0f);
+      }
       float sv[NSL][2], wm[NSL];
       score(st, kfac, first, end, buf, sv, wm);
       __syncthreads();
@@ -947,7 +951,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
       const int first = pg == 0 ? lay.masked_prefix : 0, end = valid_of(pg);
       const int buf = it & 1;
       float sv[NSL][2], wm[NSL];
-      score(st, a.gamma, first, end, buf, sv, wm);
+      score(st, 1.0f, first, end, buf, sv, wm);
       if constexpr (NS >= 3) cp_async_wait<NS - 3>();  // page it + 1 (this thread's copies)
       __syncthreads();  // maxima of page it; page it + 1 visible; everyone is done with page it - 1
       if constexpr (NS >= 3) {
