@@ -660,13 +660,14 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
         }
       }
     }
+    // Mixed mode: one factor per column and page, g of the query x (kfac x gamma). FP4 P
+    // (native) keeps the reference's order, ((acc1 g1 + acc2 g2) kfac) gamma: its E2M1
+    // rounding of p turns an ulp of difference into a code flip.
+    const float kg = __fmul_rn(kfac, a.gamma);
 #pragma unroll
     for (int sl = 0; sl < NSL; ++sl) {
       const int h = sm_head(sl);
-      // Mixed mode: one factor per column and page, g of the query x (kfac x gamma). FP4 P
-      // (native) keeps the reference's order, ((acc1 g1 + acc2 g2) kfac) gamma: its E2M1
-      // rounding of p turns an ulp of difference into a code flip.
-      const float f0 = kPFp4 ? gf0[sl] : __fmul_rn(gf0[sl], __fmul_rn(kfac, a.gamma));
+      const float f0 = kPFp4 ? gf0[sl] : __fmul_rn(gf0[sl], kg);
       // Keys outside [first, end) (the masked sink copy, the tail of a last page) get -inf.
       // Columns of heads >= G need no mask: their maxima and P are never used.
 #pragma unroll

@@ -38,9 +38,11 @@ FP4KV_HD void mxfp4_block_residual(const float* x, const uint8_t* codes, uint8_t
 // the largest of them (c * max(p_b) in the paper's notation). P has no g.
 
 // NVFP4: kappa = 2 when underflow-aware and pmax <= tau, else 6; s = E4M3(pmax / kappa).
+FP4KV_HD float nvfp4_prob_kappa(float pmax, bool underflow_aware, float tau) {
+  return (underflow_aware && pmax <= tau) ? 2.0f : 6.0f;
+}
 FP4KV_HD uint8_t nvfp4_prob_scale(float pmax, bool underflow_aware, float tau) {
-  const float kappa = (underflow_aware && pmax <= tau) ? 2.0f : 6.0f;
-  return nvfp4_block_scale(pmax, kappa, 1.0f);
+  return nvfp4_block_scale(pmax, nvfp4_prob_kappa(pmax, underflow_aware, tau), 1.0f);
 }
 FP4KV_HD uint8_t nvfp4_prob_code(float p, float scale_value) {
   return scale_value > 0.0f ? e2m1_encode(div_rn(p, scale_value)) : uint8_t(0);
@@ -68,23 +70,23 @@ FP4KV_HD float e2m1_round_value(float x) {
 // device: the fast path of IEEE division (reciprocal, one Newton step, quotient, one FMA
 // correction) without its range check and slow-path call, which these ranges never need.
 FP4KV_HD float div_rn_flush_tiny(float a, float b) {
+  constexpr float kTiny = 0x1p-100f;
 #if defined(__CUDA_ARCH__)
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(b));
   r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
   const float q = __fmul_rn(a, r);
   const float x = __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
-  return a < 7.8886091e-31f ? 0.0f : x;  // 2^-100
+  return a < kTiny ? 0.0f : x;
 #else
-  return a < 7.8886091e-31f ? 0.0f : div_rn(a, b);
+  return a < kTiny ? 0.0f : div_rn(a, b);
 #endif
 }
 
 // e4m3_value(nvfp4_prob_scale(pmax, underflow_aware, tau)) for finite pmax >= 0; on the
 // device the E4M3 rounding is the hardware conversion (round to nearest even, saturating).
 FP4KV_HD float nvfp4_prob_scale_value(float pmax, bool underflow_aware, float tau) {
-  const float kappa = (underflow_aware && pmax <= tau) ? 2.0f : 6.0f;
-  const float t = div_rn_flush_tiny(pmax, kappa);
+  const float t = div_rn_flush_tiny(pmax, nvfp4_prob_kappa(pmax, underflow_aware, tau));
 #if defined(__CUDA_ARCH__)
   const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(t, __NV_SATFINITE, __NV_E4M3);
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3)));

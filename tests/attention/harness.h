@@ -31,6 +31,9 @@ inline bool have_gpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
+// First statement of a GPU test (needs <gtest/gtest.h>).
+#define SKIP_WITHOUT_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
 #define FP4KV_CUDA_OK(x)                                                                      \
   do {                                                                                        \

@@ -35,9 +35,6 @@ constexpr double kNativeTol = 1e-3;       // the aim for the typical head
 constexpr double kNativeFlipTol = 5e-2;   // the worst head (an E2M1 flip of a dominant key)
 constexpr double kLseTol = 1e-4;
 
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
 void report(const Case& c, const Metrics& m) {
   std::printf("  %-28s d=%3d G=%2d H=%d rows=%3zu pps=%d: max_rel %.2e  max_lse %.2e  heads>1e-3: %d/%d\n",
               c.recipe.c_str(), c.d, c.G, c.kv_heads, c.lens.size(), c.pages_per_split, m.max_rel, m.max_lse,

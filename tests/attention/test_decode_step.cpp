@@ -106,7 +106,7 @@ struct StepRig {
 class DecodeStep : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(DecodeStep, GraphReplayEqualsEagerAndTheReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_GPU();
   StepRig eager(GetParam()), graph(GetParam());
   cudaStream_t s;
   FP4KV_CUDA_OK(cudaStreamCreate(&s));

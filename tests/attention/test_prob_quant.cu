@@ -11,14 +11,10 @@
 #include <cstdint>
 
 #include "fp4kv/core/operand_quant.h"
+#include "harness.h"
 
 namespace fp4kv::test {
 namespace {
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 struct Mismatch {
   unsigned long long count;
@@ -99,9 +95,6 @@ Mismatch run(Kernel kernel, unsigned rows) {
   cudaFree(d);
   return h;
 }
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
 #define EXPECT_NO_MISMATCH(m, what)                                                                       \
   EXPECT_EQ((m).count, 0ull) << what << ": first at input bits 0x" << std::hex << (m).input << std::dec \
