@@ -91,8 +91,7 @@ struct Geo {
   static constexpr int region(int ns) { return cache::align_up(cmax(ns * STAGE, cmax(BF16_NEED, OMERGE))); }
   // Two CTAs (16 warps) per SM when shared memory and the O registers allow, else one.
   static constexpr int kBudget2 = 115712, kBudget1 = 232448;
-  // (MXFP4 dual-residual needs more than 128 registers: its query quantizer spills else.)
-  static constexpr bool kTwo = CGW * NTP * 4 <= 32 && region(3) + EXTRA <= kBudget2 && !(FMT == kMx && T == 2);
+  static constexpr bool kTwo = CGW * NTP * 4 <= 32 && region(3) + EXTRA <= kBudget2;
   // Stages: the lagged P.V keeps two pages resident (S of page i, P.V of page i - 1), so a
   // bulk kernel has NS - 2 pages in flight (NS >= 3); a BF16 kernel NS - 2 for NS >= 3.
   static constexpr int pick_ns() {
@@ -283,29 +282,40 @@ __device__ void build_query_operand(const KernelArgs& a, float* qf, uint16_t* qf
       __syncthreads();
     }
   } else if constexpr (FMT == kMx) {
-    constexpr int NB = D / kMxfp4Block;  // G * NB <= 128: one (head, block) per thread
+    // One (head, block) per thread (G * NB <= 128), its 32 elements 16 at a time
+    // (mxfp4_quantize_block without search, then mxfp4_block_residual): a 32-code array
+    // held the dual-residual kernel above 128 registers, i.e. to one CTA per SM.
+    constexpr int NB = D / kMxfp4Block;
     for (int t = 0; t < T; ++t) {
       const int idx = tid;
       const bool mine = idx < G * NB;
       const int h = mine ? idx / NB : 0, blk = mine ? idx % NB : 0;
       float* x = qf + h * D + blk * kMxfp4Block;
-      uint8_t codes[kMxfp4Block];
-      uint8_t s = 0;
+      int e = 0;
       if (mine) {
         const float amax = finite_amax(x, kMxfp4Block, 1);
-        s = mxfp4_quantize_block(x, 1, false, codes);
-        ebuf[idx] = amax > 0.0f ? int(s) - kE8M0Bias : -1000;  // zero blocks do not set the shift
+        e = mxfp4_ocp_exponent(amax);
+        ebuf[idx] = amax > 0.0f ? e : -1000;  // zero blocks do not set the shift
       }
       __syncthreads();
       if (mine) {
         int emax = -1000;
         for (int j = 0; j < NB; ++j) emax = max(emax, ebuf[h * NB + j]);
         if (emax == -1000) emax = 0;
-        const int e = int(s) - kE8M0Bias;
         const float unit = pow2f(max(e - emax + 13, -149));
-        for (int i = 0; i < kMxfp4Block; ++i)
-          put_q<NT>(qfrag, h * T + t, blk * kMxfp4Block + i, half_bits(__fmul_rn(e2m1_value(codes[i]), unit)));
-        if (t + 1 < T) mxfp4_block_residual(x, codes, s, x);
+        const float inv = pow2f(-e), sc = e8m0_value(uint8_t(e + kE8M0Bias));
+#pragma unroll 1
+        for (int i0 = 0; i0 < kMxfp4Block; i0 += 16) {  // 16 loads in flight, then 16 elements
+          float xv[16];
+#pragma unroll
+          for (int j = 0; j < 16; ++j) xv[j] = x[i0 + j];
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            const uint8_t c = mxfp4_element_code(xv[j], inv);
+            put_q<NT>(qfrag, h * T + t, blk * kMxfp4Block + i0 + j, half_bits(__fmul_rn(e2m1_value(c), unit)));
+            if (t + 1 < T) x[i0 + j] = sub_rn(xv[j], mul_rn(e2m1_value(c), sc));
+          }
+        }
         if (blk == 0) gfac[t * kMaxG + h] = pow2f(max(emax - 13, -149));
       }
       __syncthreads();

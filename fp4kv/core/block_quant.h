@@ -45,6 +45,14 @@ namespace detail {
 
 FP4KV_HD float finite_or_zero(float v) { return is_finite(v) ? v : 0.0f; }
 
+}  // namespace detail
+
+// E2M1 code of one MXFP4 element under inv = 2^-e, e the block exponent: a block's codes
+// one at a time (the GPU query quantizer streams blocks through it).
+FP4KV_HD uint8_t mxfp4_element_code(float x, float inv) { return e2m1_encode(mul_rn(detail::finite_or_zero(x), inv)); }
+
+namespace detail {
+
 // Codes of one NVFP4 block for the element scale sg = decode(s) * g; returns the sum of
 // squared errors. sg == 0 means an all-zero block.
 template <int B>
@@ -68,7 +76,7 @@ FP4KV_HD float mxfp4_encode_block(const float* x, int stride, int e, uint8_t* co
 FP4KV_UNROLL
   for (int i = 0; i < B; ++i) {
     const float xi = finite_or_zero(x[i * stride]);
-    const uint8_t c = e2m1_encode(mul_rn(xi, inv));
+    const uint8_t c = mxfp4_element_code(xi, inv);
     codes[i] = c;
     const float v = mul_rn(e2m1_value(c), scale);
     const float d = sub_rn(v, xi);

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "fp4kv/core/block_quant.h"
 #include "fp4kv/core/error.h"
+#include "fp4kv/core/operand_quant.h"
 #include "fp4kv/core/tensor_quant.h"
 
 namespace fp4kv {
@@ -156,6 +158,34 @@ TEST(Mxfp4Block, StandardRuleFromFirstPrinciples) {
     const int e = int(std::floor(std::log2(double(amax)))) - 2;
     ASSERT_EQ(int(s), e + 127);
     for (int i = 0; i < 32; ++i) ASSERT_EQ(codes[i], e2m1_encode(std::ldexp(x[i], -e)));
+  }
+}
+
+// The GPU query quantizer streams a block through mxfp4_element_code with e taken from
+// mxfp4_ocp_exponent and the residual against e8m0_value(e + 127): the same scale, codes
+// and residual as mxfp4_quantize_block (no search) + mxfp4_block_residual, including
+// all-zero, clamped-exponent and non-finite blocks.
+TEST(Mxfp4Block, ElementCodesAndResidualStreamTheBlockQuantizer) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 3000; ++trial) {
+    auto x = random_block(rng, 32, trial % 2 == 0);
+    const int shift = trial % 5 == 0 ? -140 + int(rng() % 20) : int(rng() % 60) - 30;
+    for (auto& v : x) v = std::ldexp(v, shift);
+    if (trial % 7 == 0) x.assign(32, 0.0f);
+    if (trial % 11 == 0) x[rng() % 32] = std::numeric_limits<float>::quiet_NaN();
+    uint8_t codes[32];
+    const uint8_t s = mxfp4_quantize_block(x.data(), 1, false, codes);
+    const int e = mxfp4_ocp_exponent(finite_amax(x.data(), 32, 1));
+    ASSERT_EQ(int(s), e + kE8M0Bias);
+    float residual[32];
+    mxfp4_block_residual(x.data(), codes, s, residual);
+    const float inv = pow2f(-e), sc = e8m0_value(uint8_t(e + kE8M0Bias));
+    for (int i = 0; i < 32; ++i) {
+      const uint8_t c = mxfp4_element_code(x[i], inv);
+      ASSERT_EQ(c, codes[i]) << "trial " << trial << " element " << i;
+      const float r = sub_rn(x[i], mul_rn(e2m1_value(c), sc));
+      ASSERT_TRUE(std::memcmp(&r, &residual[i], 4) == 0) << "trial " << trial << " element " << i;
+    }
   }
 }
 
