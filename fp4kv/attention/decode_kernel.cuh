@@ -563,6 +563,17 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
   // 8 nt + 2 (lane % 4) + e. P.V slots: head 8 ntp + 2 (lane % 4) + e.
   auto sm_head = [&](int sl) { return T == 2 ? 4 * sl + lane % 4 : 8 * (sl / 2) + 2 * (lane % 4) + sl % 2; };
   auto pv_head = [&](int sp) { return 8 * (sp / 2) + 2 * (lane % 4) + sp % 2; };
+  // FP8/FP4 mixed mode with one column tile and G <= 4: only lanes 0, 1 of each quad hold
+  // real heads (columns 0-3), so the softmax is split across the quad: lane q < 2 keeps
+  // head 2q (its slot 0), lane q + 2 takes head 2q + 1 (lane q's slot 1, by shuffle) in its
+  // slot 0; every lane then runs one slot instead of half the lanes two. own_head: the head
+  // whose running max and sum (m_s, l_s) a softmax slot holds. (Not BF16: measured slower.)
+  constexpr bool kSplitType = T == 1 && NT == 1 && !kPFp4 && kBulk;
+  const bool quad_split = kSplitType && a.G <= 4;
+  auto own_head = [&](int sl) {
+    if (!quad_split) return sm_head(sl);
+    return sl == 0 ? ((lane & 2) ? 2 * (lane & 1) + 1 : 2 * (lane % 4)) : kMaxG;
+  };
   float gf0[NSL], gf1[NSL], m_s[NSL], l_s[NSL];
 #pragma unroll
   for (int sl = 0; sl < NSL; ++sl) {
@@ -716,9 +727,21 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
     };
     // T == 1: the P.V slots are the same heads, so their rescale and page factors are kept.
     float alpha_s[NSL], fac_s[NSL];
+    float sx[NSL][2], wx[NSL];  // the slots' logits and warp maxima (own_head's)
 #pragma unroll
     for (int sl = 0; sl < NSL; ++sl) {
-      const int h = sm_head(sl);
+      sx[sl][0] = sv[sl][0], sx[sl][1] = sv[sl][1], wx[sl] = wm[sl];
+    }
+    if constexpr (kSplitType) {
+      if (quad_split) {  // lanes q + 2 take lane q's slot 1 (head 2q + 1)
+        const float s0 = __shfl_xor_sync(0xffffffffu, sv[1][0], 2), s1 = __shfl_xor_sync(0xffffffffu, sv[1][1], 2);
+        const float w1 = __shfl_xor_sync(0xffffffffu, wm[1], 2);
+        if (lane & 2) sx[0][0] = s0, sx[0][1] = s1, wx[0] = w1;
+      }
+    }
+#pragma unroll
+    for (int sl = 0; sl < NSL; ++sl) {
+      const int h = own_head(sl);
       alpha_s[sl] = 1.0f;
       fac_s[sl] = vfac;
       if (h >= G) continue;
@@ -740,11 +763,11 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
       }
       float psc = 0.0f;  // NVFP4 P: the block scale value (the warp's 16 keys are one block)
       if constexpr (FMT == kNv && kPFp4)
-        psc = nvfp4_prob_scale_value(fast_exp2(__fadd_rn(__fsub_rn(wm[sl], mz), a.log2c)), a.pmode == kPNvUnderflow, a.tau);
+        psc = nvfp4_prob_scale_value(fast_exp2(__fadd_rn(__fsub_rn(wx[sl], mz), a.log2c)), a.pmode == kPNvUnderflow, a.tau);
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         // log2 c is 0 unless P is FP4 (decode.cu): mixed mode skips the add.
-        const float p = fast_exp2(kPFp4 ? __fadd_rn(__fsub_rn(sv[sl][rr], mz), a.log2c) : __fsub_rn(sv[sl][rr], mz));
+        const float p = fast_exp2(kPFp4 ? __fadd_rn(__fsub_rn(sx[sl][rr], mz), a.log2c) : __fsub_rn(sx[sl][rr], mz));
         lsum += p;
         uint32_t bits;
         if constexpr (!kPFp4) {
@@ -766,6 +789,11 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
       for (int sp = 0; sp < NSLP; ++sp) {
         alpha_p[sp] = alpha_s[sp];
         fac_p[sp] = fac_s[sp];
+      }
+      if constexpr (kSplitType) {
+        // Head 2q + 1's rescale lives in lane q + 2 (lanes q + 2 get lane q's: their
+        // columns are padding heads, whose P is zero).
+        if (quad_split) alpha_p[1] = __shfl_xor_sync(0xffffffffu, alpha_s[0], 2);
       }
     } else {
       // T == 2: the head of a P.V slot is a softmax slot of a lane of this quad (head
@@ -1004,7 +1032,7 @@ __global__ void __launch_bounds__(kThreads, (Geo<FMT, D, query_terms(OM), NT>::k
 #pragma unroll
   for (int sl = 0; sl < NSL; ++sl) {
     const float l = warp_sum_xor(l_s[sl], 4);
-    const int h = sm_head(sl);
+    const int h = own_head(sl);
     if (lane < 4 && h < G) {
       red_sum[h * kWarps + warp] = l;
       if (warp == 0) red_m[h] = m_s[sl];
