@@ -12,7 +12,8 @@
 //   softmax       block maximum of the warp's 16 keys by shuffles (an NVFP4 P block; an
 //                 MXFP4 block is a warp pair), tile maximum over the 8 warps through shared
 //                 memory (one barrier per page, double-buffered); P quantized per block in
-//                 registers; row sums use the unquantized p.
+//                 registers; row sums use the unquantized p. FP8/FP4 mixed mode with
+//                 G <= 4 spreads the 4 heads over all 4 lanes of a quad (own_head).
 //   O^T += V^T P^T  FP4/FP8: warp w owns channel group(s) of O (16 channels; d = 64: two
 //                 warps per group, half the keys each) over all keys of the page, B = P^T
 //                 of the whole page from shared memory. It runs one page behind S, so the
