@@ -10,7 +10,7 @@
 #include "fp4kv/core/decode_layout.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/transform.h"
-#include "fp4kv/eval/parallel.h"
+#include "fp4kv/core/parallel.h"
 
 extern "C" void openblas_set_num_threads(int);
 extern "C" int openblas_get_num_threads(void);

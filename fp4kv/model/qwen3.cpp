@@ -7,37 +7,14 @@
 #include <cstdint>
 #include <cmath>
 #include <filesystem>
-#include <thread>
 
 #include "fp4kv/core/error.h"
+#include "fp4kv/core/parallel.h"
 #include "fp4kv/model/safetensors.h"
 
 namespace fp4kv::model {
 
 namespace {
-
-int worker_count() {
-  static const int n = int(std::max(1u, std::thread::hardware_concurrency()));
-  return n;
-}
-
-// Runs fn(begin, end) over contiguous chunks of [0, n) on up to worker_count() threads.
-// Loops with fewer than 2 * min_chunk items stay on the calling thread. Only elementwise
-// work runs here; matrix products stay on the calling thread, where OpenBLAS runs its own
-// threads (nesting the two would oversubscribe the cores).
-template <class F>
-void parallel_for(int64_t n, int64_t min_chunk, const F& fn) {
-  const int64_t workers = std::min<int64_t>(worker_count(), n / std::max<int64_t>(1, min_chunk));
-  if (workers <= 1) {
-    if (n > 0) fn(int64_t(0), n);
-    return;
-  }
-  const int64_t chunk = (n + workers - 1) / workers;
-  std::vector<std::thread> threads;
-  for (int64_t b = chunk; b < n; b += chunk) threads.emplace_back([&fn, b, e = std::min(n, b + chunk)] { fn(b, e); });
-  fn(int64_t(0), std::min(n, chunk));
-  for (std::thread& t : threads) t.join();
-}
 
 // y[M][N] = x[M][K] w[N][K]^T: a torch.nn.Linear without bias, weights as stored by HF.
 void linear(const float* x, const float* w, int M, int N, int K, float* y) {
@@ -131,7 +108,7 @@ void causal_attention(const float* q, const float* k, const float* v, int heads,
       const size_t qoff = (size_t(h) * Lq + r0) * d;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nk, d, scale, q + qoff, d, kh, d, 0.0f,
                   scores.data(), nk);
-      parallel_for(rows, std::max(1, 32768 / nk), [&](int64_t b, int64_t e) {
+      parallel_for_chunks(rows, std::max(1, 32768 / nk), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) softmax_causal_row(scores.data() + i * nk, pos0 + r0 + int(i) + 1, nk);
       });
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, nk, 1.0f, scores.data(), nk, vh, d, 0.0f,
@@ -316,7 +293,7 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, const KvState* pref
   // K/V of every layer for `state`; assigned at the end, since state may alias prefix.
   std::vector<std::vector<float>> layer_k(state ? size_t(c.num_hidden_layers) : 0), layer_v(layer_k.size());
   auto norm_rows = [&](const std::vector<float>& weight) {
-    parallel_for(L, row_chunk, [&](int64_t b, int64_t e) {
+    parallel_for_chunks(L, row_chunk, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) rms_norm(h.data() + t * H, weight.data(), H, eps, xn.data() + t * H);
     });
   };
@@ -330,7 +307,7 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, const KvState* pref
     // Attention block.
     norm_rows(W.input_norm);
     linear(xn.data(), W.wqkv.data(), L, qkv_width, H, qkv.data());
-    parallel_for(L, row_chunk, [&](int64_t b, int64_t e) {
+    parallel_for_chunks(L, row_chunk, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const float* row = qkv.data() + t * qkv_width;
         const float* ct = cos_t.data() + t * half;
@@ -385,7 +362,7 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, const KvState* pref
     // SwiGLU MLP: down(silu(gate(x)) * up(x)).
     norm_rows(W.post_norm);
     linear(xn.data(), W.w_gate_up.data(), L, 2 * I, H, gate_up.data());
-    parallel_for(L, std::max<int64_t>(1, 16384 / I), [&](int64_t b, int64_t e) {
+    parallel_for_chunks(L, std::max<int64_t>(1, 16384 / I), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const float* g = gate_up.data() + t * 2 * I;
         const float* u = g + I;
