@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "fp4kv/attention/device_common.cuh"
+#include "fp4kv/attention/kernel_registry.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/transform.h"
 
@@ -76,66 +76,8 @@ namespace {
 
 using detail::KernelArgs;
 
-// One kernel instance: its launcher and its occupancy query.
-struct Variant {
-  void (*launch)(const KernelArgs&, cudaStream_t) = nullptr;
-  int (*ctas_per_sm)(int G) = nullptr;
-};
-
-template <int FMT, int D, int OM, int NT>
-Variant variant() {
-  return {detail::launch_decode<FMT, D, OM, NT>, detail::decode_occupancy<FMT, D, OM, NT>};
-}
-
-// The instances of gen_instances.sh.
-template <int FMT, int D>
-Variant pick_variant(int OM, int NT) {
-  using namespace detail;
-  if (OM == kOm16) {
-    if (NT == 1) return variant<FMT, D, kOm16, 1>();
-    if (NT == 2) return variant<FMT, D, kOm16, 2>();
-  } else if constexpr (FMT == kNv || FMT == kMx) {
-    if (OM == kOmFp4) {
-      if (NT == 1) return variant<FMT, D, kOmFp4, 1>();
-      if (NT == 2) return variant<FMT, D, kOmFp4, 2>();
-    } else {
-      if (NT == 1) return variant<FMT, D, kOmDual, 1>();
-      if (NT == 2) return variant<FMT, D, kOmDual, 2>();
-      if (NT == 4) return variant<FMT, D, kOmDual, 4>();
-    }
-  }
-  return {};
-}
-
-template <int FMT>
-Variant pick_d(int d, int OM, int NT) {
-  switch (d) {
-    case 64: return pick_variant<FMT, 64>(OM, NT);
-    case 128: return pick_variant<FMT, 128>(OM, NT);
-    case 256: return pick_variant<FMT, 256>(OM, NT);
-  }
-  return {};
-}
-
-// The kernel's operand mode (device_common.cuh): native recipes quantize Q and P together.
-int operand_mode(const Recipe& r) {
-  return r.query == QueryFormat::dual_fp4 ? detail::kOmDual : r.query == QueryFormat::fp4 ? detail::kOmFp4 : detail::kOm16;
-}
-
-// MMA column tiles of 8: the G heads times their query terms.
-int column_tiles(const Recipe& r, int G) {
-  const int cols = detail::query_terms(operand_mode(r)) * G;
-  return cols <= 8 ? 1 : cols <= 16 ? 2 : 4;
-}
-
-Variant pick(KvFormat f, int d, int OM, int NT) {
-  switch (f) {
-    case KvFormat::nvfp4: return pick_d<detail::kNv>(d, OM, NT);
-    case KvFormat::mxfp4: return pick_d<detail::kMx>(d, OM, NT);
-    case KvFormat::fp8: return pick_d<detail::kFp8>(d, OM, NT);
-    case KvFormat::bf16: return pick_d<detail::kBf16>(d, OM, NT);
-    default: return {};
-  }
+detail::DecodeKernel pick(const Recipe& r, int head_dim, int G) {
+  return detail::find_decode_kernel(r.kv, head_dim, detail::operand_mode(r), detail::column_tiles(r, G));
 }
 
 }  // namespace
@@ -143,8 +85,9 @@ Variant pick(KvFormat f, int d, int OM, int NT) {
 int decode_ctas_per_sm(const DecodeParams& p, const Recipe& r) {
   check_supported(p, r);
   const int G = p.q_heads / p.kv_heads;
-  const Variant v = pick(r.kv, p.head_dim, operand_mode(r), column_tiles(r, G));
-  return v.ctas_per_sm ? v.ctas_per_sm(G) : 0;
+  const detail::DecodeKernel k = pick(r, p.head_dim, G);
+  if (!k || k.configure() != cudaSuccess) return 0;
+  return k.ctas_per_sm(G);
 }
 
 int split_target_ctas(const DecodeParams& p, const Recipe& r, int batch, int sms) {
@@ -175,7 +118,6 @@ void decode_attention(const DecodeParams& p, const Recipe& r, const float* q, co
   require(reinterpret_cast<uintptr_t>(q) % 16 == 0, "decode attention: q must be 16-byte aligned (vector loads)");
 
   const int G = p.q_heads / p.kv_heads;
-  const int NT = column_tiles(r, G);
 
   KernelArgs a{};
   a.pool = p.pool;
@@ -187,6 +129,7 @@ void decode_attention(const DecodeParams& p, const Recipe& r, const float* q, co
   a.slot_buffer = p.slot_buffer;
   a.slots = p.slots;
   a.q = q;
+  a.q_type = detail::IoType::f32;
   a.block_tables = block_tables;
   a.seq_lens = seq_lens;
   a.batch = batch;
@@ -216,9 +159,10 @@ void decode_attention(const DecodeParams& p, const Recipe& r, const float* q, co
   a.tau = r.tau;
   a.gamma = log2e_over_sqrt_d(p.head_dim);
 
-  const Variant v = pick(r.kv, p.head_dim, operand_mode(r), NT);
-  require(v.launch != nullptr, "decode attention: no kernel variant for this combination");
-  v.launch(a, stream);
+  const detail::DecodeKernel k = pick(r, p.head_dim, G);
+  require(bool(k), "decode attention: no kernel variant for this combination");
+  cuda_check(k.configure(), "decode kernel shared memory");
+  k.launch(a, stream);
   cuda_check(cudaGetLastError(), "decode kernel launch");
 
   detail::CombineArgs c{};
@@ -237,14 +181,12 @@ void decode_attention(const DecodeParams& p, const Recipe& r, const float* q, co
   c.part_o = ws.partial_out();
   c.part_lse = ws.partial_lse();
   c.q = q;
+  c.q_type = detail::IoType::f32;
   c.mu_k = r.smooth_keys ? p.mu_k : nullptr;
   c.out = out;
+  c.out_type = detail::IoType::f32;
   c.lse = lse;
-  switch (p.head_dim) {
-    case 64: detail::launch_combine<64>(c, stream); break;
-    case 128: detail::launch_combine<128>(c, stream); break;
-    default: detail::launch_combine<256>(c, stream); break;
-  }
+  detail::find_combine_kernel(p.head_dim)(c, stream);
   cuda_check(cudaGetLastError(), "combine kernel launch");
 }
 

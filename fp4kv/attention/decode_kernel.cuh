@@ -45,7 +45,6 @@ constexpr KvFormat kv_format_of(int fmt) {
   return fmt == kNv ? KvFormat::nvfp4 : fmt == kMx ? KvFormat::mxfp4 : fmt == kFp8 ? KvFormat::fp8 : KvFormat::bf16;
 }
 
-inline constexpr int kMaxG = 16;
 inline constexpr int kBf16Rows = cache::kSlotRows;  // 144
 
 constexpr int cmax(int a, int b) { return a > b ? a : b; }
@@ -183,6 +182,52 @@ __device__ __forceinline__ void add_scaled(float (&acc)[4], const float (&bacc)[
 
 // ---- Query prologue ------------------------------------------------------------------------
 
+// Element i of an input (query) or output array of either I/O type.
+__device__ __forceinline__ float load_io(const void* p, IoType type, size_t i) {
+  if (type == IoType::bf16) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(p)[i]) << 16);
+  return static_cast<const float*>(p)[i];
+}
+__device__ __forceinline__ void store_io(void* p, IoType type, size_t i, float v) {
+  if (type == IoType::bf16) static_cast<uint16_t*>(p)[i] = uint16_t(bf16_bits(v));
+  else static_cast<float*>(p)[i] = v;
+}
+
+// E consecutive query elements from `offset` (E = 2, 4, 8; offset a multiple of E, the
+// array 16-byte aligned): one vector load of either I/O type, widened to FP32 (exact).
+template <int E>
+__device__ __forceinline__ void load_query_lane(const void* q, IoType type, size_t offset, float (&x)[E]) {
+  if (type == IoType::bf16) {
+    const uint16_t* src = static_cast<const uint16_t*>(q) + offset;
+    uint32_t w[E / 2];
+    if constexpr (E == 2) {
+      w[0] = __ldg(reinterpret_cast<const unsigned int*>(src));
+    } else if constexpr (E == 4) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
+      w[0] = v.x, w[1] = v.y;
+    } else {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    }
+#pragma unroll
+    for (int k = 0; k < E / 2; ++k) {
+      x[2 * k] = __uint_as_float(w[k] << 16);
+      x[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+    return;
+  }
+  const float* src = static_cast<const float*>(q) + offset;
+  if constexpr (E == 2) {
+    const float2 v = __ldg(reinterpret_cast<const float2*>(src));
+    x[0] = v.x, x[1] = v.y;
+  } else {
+#pragma unroll
+    for (int k = 0; k < E / 4; ++k) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(src) + k);
+      x[4 * k] = v.x, x[4 * k + 1] = v.y, x[4 * k + 2] = v.z, x[4 * k + 3] = v.w;
+    }
+  }
+}
+
 // Loads the G queries of (b, kvh) into qf [G][D] (non-finite -> 0) and applies the Hadamard
 // rotation with the butterfly order of core/hadamard.h (bit-identical to the CPU). One warp
 // per head: lane l holds channels E l .. E l + E - 1, so the butterflies are in-thread for
@@ -192,20 +237,10 @@ __device__ void load_rotate_queries(const KernelArgs& a, float* qf, int b, int k
   constexpr int E = D / 32;
   static_assert(E == 2 || E == 4 || E == 8, "head_dim 64, 128 or 256");
   const int G = a.G, warp = tid / 32, lane = tid % 32;
-  const float* __restrict__ q = a.q + (size_t(b) * a.q_heads + size_t(kvh) * G) * D;
+  const size_t q0 = (size_t(b) * a.q_heads + size_t(kvh) * G) * D;
   for (int h = warp; h < G; h += kWarps) {
     float x[E];
-    const float* src = q + size_t(h) * D + lane * E;
-    if constexpr (E == 2) {
-      const float2 v = __ldg(reinterpret_cast<const float2*>(src));
-      x[0] = v.x, x[1] = v.y;
-    } else {
-#pragma unroll
-      for (int k = 0; k < E / 4; ++k) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(src) + k);
-        x[4 * k] = v.x, x[4 * k + 1] = v.y, x[4 * k + 2] = v.z, x[4 * k + 3] = v.w;
-      }
-    }
+    load_query_lane<E>(a.q, a.q_type, q0 + size_t(h) * D + lane * E, x);
 #pragma unroll
     for (int e = 0; e < E; ++e) x[e] = is_finite(x[e]) ? x[e] : 0.0f;
     if (a.rotate) {
@@ -1083,13 +1118,13 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   const int n_row = a.seq_lens[b];
   const int row_splits = a.row_splits[b], pps = a.row_pps[b];
   if (err != 0) {
-    a.out[oi] = __int_as_float(0x7fc00000);
+    store_io(a.out, a.out_type, oi, __int_as_float(0x7fc00000));
     if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = __int_as_float(0x7fc00000);
     return;
   }
   const int n = b >= rows ? 0 : n_row;
   if (n <= 0) {
-    a.out[oi] = 0.0f;
+    store_io(a.out, a.out_type, oi, 0.0f);
     if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = neg_inf();
     return;
   }
@@ -1132,15 +1167,15 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   }
   if (bf) add(a.max_splits, v_bf);
   if (!(wsum > 0.0f)) {  // no split contributed (a row the control kernel gave no work)
-    a.out[oi] = 0.0f;
+    store_io(a.out, a.out_type, oi, 0.0f);
     if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = neg_inf();
     return;
   }
-  a.out[oi] = acc / wsum;
+  store_io(a.out, a.out_type, oi, acc / wsum);
   if (!a.lse) return;
   float shift = 0.0f;
   if (a.mu_k) {
-    const float qv = a.q[oi];
+    const float qv = load_io(a.q, a.q_type, oi);
     float x = (is_finite(qv) ? qv : 0.0f) * a.mu_k[size_t(qh / a.G) * D + c];
     x = warp_sum_xor(x, 1);
     if (c % 32 == 0) red[c / 32] = x;
@@ -1155,26 +1190,28 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
 // ---- launchers (explicitly instantiated in decode_*.cu) ---------------------------------------
 
 template <int FMT, int D, int OM, int NT>
-void launch_decode(const KernelArgs& a, cudaStream_t stream) {
+int decode_smem_bytes(int G) {
+  return Geo<FMT, D, query_terms(OM), NT>::smem_bytes(G);
+}
+
+template <int FMT, int D, int OM, int NT>
+cudaError_t configure_decode() {
   using G_ = Geo<FMT, D, query_terms(OM), NT>;
-  const int smem = G_::smem_bytes(a.G);
-  static bool configured = false;
-  if (!configured) {
-    cudaFuncSetAttribute(decode_kernel<FMT, D, OM, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         G_::smem_bytes(G_::GMAX));
-    configured = true;
-  }
+  return cudaFuncSetAttribute(decode_kernel<FMT, D, OM, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              G_::smem_bytes(G_::GMAX));
+}
+
+template <int FMT, int D, int OM, int NT>
+void launch_decode(const KernelArgs& a, cudaStream_t stream) {
   const dim3 grid(a.max_splits + 1, a.kv_heads, a.batch);
-  decode_kernel<FMT, D, OM, NT><<<grid, kThreads, smem, stream>>>(a);
+  decode_kernel<FMT, D, OM, NT><<<grid, kThreads, decode_smem_bytes<FMT, D, OM, NT>(a.G), stream>>>(a);
 }
 
 template <int FMT, int D, int OM, int NT>
 int decode_occupancy(int G) {
-  using G_ = Geo<FMT, D, query_terms(OM), NT>;
-  cudaFuncSetAttribute(decode_kernel<FMT, D, OM, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, G_::smem_bytes(G_::GMAX));
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<FMT, D, OM, NT>, kThreads, G_::smem_bytes(G)) !=
-      cudaSuccess)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<FMT, D, OM, NT>, kThreads,
+                                                    decode_smem_bytes<FMT, D, OM, NT>(G)) != cudaSuccess)
     return 0;
   return n;
 }

@@ -1,5 +1,5 @@
-// Device building blocks of the decode kernels: MMA, ldmatrix, cp.async, shuffles, and
-// the argument block the host fills.
+// Device building blocks of the decode kernels: MMA, ldmatrix, cp.async, bulk copies,
+// shuffles, and the launcher declarations of the kernel instances.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,72 +9,24 @@
 
 #include <cstdint>
 
+#include "fp4kv/attention/kernel_args.h"
 #include "fp4kv/cache/layout.h"
 #include "fp4kv/cache/step_plan.h"
 
 namespace fp4kv::attention::detail {
 
-inline constexpr int kThreads = 256;  // 8 warps per CTA
-inline constexpr int kWarps = 8;
-
 enum Fmt : int { kNv = 0, kMx = 1, kFp8 = 2, kBf16 = 3 };
 
-// Operand mode of a kernel instance (compile time): what Q and P are in the two products.
-// kOm16: 16-bit Q and P (mixed FP4 pages, FP8, BF16); kOmFp4: one FP4 query term and FP4 P
-// (vanilla native, native without dual-residual Q); kOmDual: two FP4 query terms (T = 2)
-// and FP4 P. The exact query/P rules within a mode are the run-time qmode/pmode below.
-enum OperandMode : int { kOm16 = 0, kOmFp4 = 1, kOmDual = 2 };
-constexpr int query_terms(int om) { return om == kOmDual ? 2 : 1; }
-
-// Query/probability handling, chosen at run time (uniform per launch).
-enum QMode : int { kQHalf = 0, kQFp4 = 1, kQDual = 2, kQBf16 = 3 };
-enum PMode : int { kPHalf = 0, kPNvMax6 = 1, kPNvUnderflow = 2, kPMx = 3, kPBf16 = 4 };
-
-struct KernelArgs {
-  const uint8_t* pool;
-  long long block_stride;
-  int head_bytes;  // layout.bytes
-  int kv_heads, q_heads, G;
-  const uint16_t* slot_buffer;
-  int slots;
-  const float* q;
-  const int32_t* block_tables;
-  const int32_t* seq_lens;
-  int batch, max_pages;
-  const int32_t* row_slot;
-  const int32_t* row_splits;
-  const int32_t* row_pps;
-  const int32_t* error_flags;
-  const int32_t* num_rows;  // [1] or null: rows >= *num_rows have no work
-  int max_splits;
-  float* part_o;    // [batch][q_heads][max_splits + 1][d]
-  float* part_lse;  // [batch][q_heads][max_splits + 1]
-  int qmode, pmode;
-  int rotate, sink, recent;  // recipe switches (bf16_sink, bf16_recent)
-  float log2c, tau, gamma;
-};
-
-struct CombineArgs {
-  int batch, q_heads, G, kv_format, sink, recent;
-  const int32_t* seq_lens;
-  const int32_t* row_splits;
-  const int32_t* row_pps;
-  const int32_t* error_flags;
-  const int32_t* num_rows;
-  int max_splits;
-  const float* part_o;
-  const float* part_lse;
-  const float* q;
-  const float* mu_k;  // [kv_heads][d] or null (only when the recipe smooths keys)
-  float* out;
-  float* lse;
-};
-
-// Launchers, defined in decode_kernel.cuh and explicitly instantiated in decode_<fmt>_d<D>.cu.
+// Launchers, defined in decode_kernel.cuh and explicitly instantiated from the instance list
+// (kernel_instances.h).
 template <int FMT, int D, int OM, int NT>
-void launch_decode(const KernelArgs& a, cudaStream_t stream);
+cudaError_t configure_decode();
+template <int FMT, int D, int OM, int NT>
+int decode_smem_bytes(int G);
 template <int FMT, int D, int OM, int NT>
 int decode_occupancy(int G);  // resident CTAs per SM of that variant
+template <int FMT, int D, int OM, int NT>
+void launch_decode(const KernelArgs& a, cudaStream_t stream);
 template <int D>
 void launch_combine(const CombineArgs& a, cudaStream_t stream);
 
