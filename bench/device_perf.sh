@@ -12,10 +12,11 @@ export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 cuobjdump --dump-sass $B/fp4kv_attention_tests > /tmp/new.sass 2>&1
 {
-  # decode_kernel<format, d, operand mode, n-tiles> (device_common.cuh)
-  for k in "decode_kernelILi0ELi128ELi0ELi1E nvfp4-d128-mixed" "decode_kernelILi0ELi128ELi2ELi1E nvfp4-d128-native" \
-           "decode_kernelILi1ELi128ELi0ELi1E mxfp4-d128-mixed" "decode_kernelILi2ELi128ELi0ELi1E fp8-d128" \
-           "decode_kernelILi3ELi128ELi0ELi1E bf16-d128"; do
+  # decode_kernel<page traits, d, operand mode, n-tiles> (decode_kernel.cuh)
+  for k in "decode_kernelINS1_9NvFp4PageELi128ELi0ELi1E nvfp4-d128-mixed" \
+           "decode_kernelINS1_9NvFp4PageELi128ELi2ELi1E nvfp4-d128-native" \
+           "decode_kernelINS1_9MxFp4PageELi128ELi0ELi1E mxfp4-d128-mixed" \
+           "decode_kernelINS1_7Fp8PageELi128ELi0ELi1E fp8-d128" "decode_kernelINS1_8Bf16PageELi128ELi0ELi1E bf16-d128"; do
     fn=${k%% *}; lab=${k#* }
     python3 bench/sass_count.py /tmp/new.sass "$fn" "$lab"
   done

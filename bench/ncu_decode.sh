@@ -6,7 +6,7 @@
 B=${B:-/tmp/fp4kv-bin}; export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"
 PRESETS=${1:-nvfp4,nvfp4-native}; CTX=${2:-131072}; BATCH=${3:-64}; SHAPE=${4:-qwen3-4b}
-cuobjdump --dump-sass $B/fp4kv_attention_tests | awk '/Function :/ {p = ($3 ~ /decode_kernelILi[0-3]ELi128E/)} p' | xz -9 > "$OUT"/decode_d128.sass.xz
+cuobjdump --dump-sass $B/fp4kv_attention_tests | awk '/Function :/ {p = ($3 ~ /decode_kernelINS1_[0-9]+[A-Za-z0-9]+PageELi128E/)} p' | xz -9 > "$OUT"/decode_d128.sass.xz
 for p in ${PRESETS//,/ }; do
   timeout 120 ncu --clock-control none -k regex:decode_kernel --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \

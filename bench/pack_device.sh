@@ -1,8 +1,9 @@
 #!/bin/bash
 # Packs the binaries one device call needs into .devbin/perf.tar.xz (stripped, with the
-# CUDA runtime). Usage: bench/pack_device.sh [build-dir]
+# CUDA runtime). Usage: bench/pack_device.sh [build-dir] [name]   (-> .devbin/NAME.tar.xz)
 set -e
 BD=${1:-build-perf}
+NAME=${2:-perf}
 T=$(mktemp -d)
 cp $BD/tests/attention/fp4kv_attention_tests $BD/tests/attention/fp4kv_attention_step_tests \
    $BD/tests/attention/fp4kv_attention_fragment_tests $BD/tests/cache/fp4kv_cache_tests $BD/bin/fp4kv_bench $T/
@@ -10,6 +11,6 @@ strip $T/fp4kv_attention_tests $T/fp4kv_attention_step_tests $T/fp4kv_attention_
    $T/fp4kv_cache_tests $T/fp4kv_bench
 cp -L /usr/local/cuda/lib64/libcudart.so.13 $T/ 2>/dev/null || cp -L /usr/local/cuda/lib/libcudart.so.13 $T/
 mkdir -p .devbin
-tar -C $T -cJf .devbin/perf.tar.xz .
-ls -la .devbin/perf.tar.xz
+tar -C $T -cJf .devbin/$NAME.tar.xz .
+ls -la .devbin/$NAME.tar.xz
 rm -rf $T

@@ -1,5 +1,5 @@
 // The combine kernel instances (one per head_dim, kernel_instances.h).
-#include "fp4kv/attention/decode_kernel.cuh"
+#include "fp4kv/attention/lse_merge.cuh"
 #include "fp4kv/attention/kernel_instances.h"
 
 namespace fp4kv::attention::detail {

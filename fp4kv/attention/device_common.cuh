@@ -15,17 +15,15 @@
 
 namespace fp4kv::attention::detail {
 
-enum Fmt : int { kNv = 0, kMx = 1, kFp8 = 2, kBf16 = 3 };
-
 // Launchers, defined in decode_kernel.cuh and explicitly instantiated from the instance list
 // (kernel_instances.h).
-template <int FMT, int D, int OM, int NT>
+template <class F, int D, int OM, int NT>
 cudaError_t configure_decode();
-template <int FMT, int D, int OM, int NT>
+template <class F, int D, int OM, int NT>
 int decode_smem_bytes(int G);
-template <int FMT, int D, int OM, int NT>
+template <class F, int D, int OM, int NT>
 int decode_occupancy(int G);  // resident CTAs per SM of that variant
-template <int FMT, int D, int OM, int NT>
+template <class F, int D, int OM, int NT>
 void launch_decode(const KernelArgs& a, cudaStream_t stream);
 template <int D>
 void launch_combine(const CombineArgs& a, cudaStream_t stream);

@@ -3,6 +3,7 @@
 
 #include "fp4kv/attention/device_common.cuh"
 #include "fp4kv/attention/kernel_instances.h"
+#include "fp4kv/attention/page_traits.cuh"
 
 namespace fp4kv::attention::detail {
 
@@ -16,12 +17,8 @@ struct Entry {
   DecodeKernel kernel;
 };
 
-constexpr KvFormat format_of(int fmt) {
-  return fmt == kNv ? KvFormat::nvfp4 : fmt == kMx ? KvFormat::mxfp4 : fmt == kFp8 ? KvFormat::fp8 : KvFormat::bf16;
-}
-
 #define FP4KV_REGISTRY_ENTRY(FMT, D, MODE, NT)                                                        \
-  Entry{format_of(FMT), D, MODE, NT,                                                                  \
+  Entry{FMT::kFormat, D, MODE, NT,                                                                  \
         DecodeKernel{configure_decode<FMT, D, MODE, NT>, decode_smem_bytes<FMT, D, MODE, NT>,         \
                      decode_occupancy<FMT, D, MODE, NT>, launch_decode<FMT, D, MODE, NT>}},
 const Entry kEntries[] = {FP4KV_DECODE_INSTANCES(FP4KV_REGISTRY_ENTRY)};

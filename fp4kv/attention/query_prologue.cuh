@@ -1,0 +1,193 @@
+// The query prologue of a decode CTA: the G queries of (row, KV head) loaded (FP32 or BF16,
+// non-finite -> 0), rotated by the recipe's Hadamard transform, and turned into the B
+// operand of S^T = K Q^T: FP16/BF16 columns in mixed mode, or FP4 codes (NVFP4 or MXFP4,
+// one term or the dual-residual pair) with their FP32 factors in native mode. Every value
+// is the CPU reference's (core/operand_quant.h, core/block_quant.h): same rules, same order.
+#pragma once
+
+#include "fp4kv/attention/device_common.cuh"
+#include "fp4kv/attention/fragment.h"
+#include "fp4kv/attention/page_traits.cuh"
+#include "fp4kv/cache/warp_hadamard.cuh"
+#include "fp4kv/core/block_quant.h"
+#include "fp4kv/core/minifloat.h"
+#include "fp4kv/core/operand_quant.h"
+
+namespace fp4kv::attention::detail {
+
+inline constexpr int kNoExponent = -1000;  // an all-zero block: sets no shift
+
+// Element i of an input (query) or output array of either I/O type.
+__device__ __forceinline__ float load_io(const void* p, IoType type, size_t i) {
+  if (type == IoType::bf16) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(p)[i]) << 16);
+  return static_cast<const float*>(p)[i];
+}
+__device__ __forceinline__ void store_io(void* p, IoType type, size_t i, float v) {
+  if (type == IoType::bf16) static_cast<uint16_t*>(p)[i] = uint16_t(bf16_bits(v));
+  else static_cast<float*>(p)[i] = v;
+}
+
+// E consecutive query elements from `offset` (E = 2, 4, 8; offset a multiple of E, the
+// array 16-byte aligned): one vector load of either I/O type, widened to FP32 (exact).
+template <int E>
+__device__ __forceinline__ void load_query_lane(const void* q, IoType type, size_t offset, float (&x)[E]) {
+  if (type == IoType::bf16) {
+    const uint16_t* src = static_cast<const uint16_t*>(q) + offset;
+    uint32_t w[E / 2];
+    if constexpr (E == 2) {
+      w[0] = __ldg(reinterpret_cast<const unsigned int*>(src));
+    } else if constexpr (E == 4) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
+      w[0] = v.x, w[1] = v.y;
+    } else {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    }
+#pragma unroll
+    for (int k = 0; k < E / 2; ++k) {
+      x[2 * k] = __uint_as_float(w[k] << 16);
+      x[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+    return;
+  }
+  const float* src = static_cast<const float*>(q) + offset;
+  if constexpr (E == 2) {
+    const float2 v = __ldg(reinterpret_cast<const float2*>(src));
+    x[0] = v.x, x[1] = v.y;
+  } else {
+#pragma unroll
+    for (int k = 0; k < E / 4; ++k) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(src) + k);
+      x[4 * k] = v.x, x[4 * k + 1] = v.y, x[4 * k + 2] = v.z, x[4 * k + 3] = v.w;
+    }
+  }
+}
+
+// Loads the G queries of (b, kvh) into qf [G][D] (non-finite -> 0) and applies the Hadamard
+// rotation (cache/warp_hadamard.cuh: the butterfly order of core/hadamard.h, bit-identical
+// to the CPU). One warp per head, so the prologue has one barrier, not one per stage.
+template <int D>
+__device__ void load_rotate_queries(const KernelArgs& a, float* qf, int b, int kvh, int tid) {
+  constexpr int E = D / 32;
+  static_assert(E == 2 || E == 4 || E == 8, "head_dim 64, 128 or 256");
+  const int G = a.G, warp = tid / 32, lane = tid % 32;
+  const size_t q0 = (size_t(b) * a.q_heads + size_t(kvh) * G) * D;
+  for (int h = warp; h < G; h += kWarps) {
+    cache::detail::RowFrag<D> r;
+    float (&x)[E] = r.x;
+    load_query_lane<E>(a.q, a.q_type, q0 + size_t(h) * D + lane * E, x);
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = is_finite(x[e]) ? x[e] : 0.0f;
+    if (a.rotate) cache::detail::warp_fwht<D>(r, lane);
+#pragma unroll
+    for (int e = 0; e < E; ++e) qf[h * D + lane * E + e] = x[e];
+  }
+  __syncthreads();
+}
+
+// Element (column col, channel c) of the B operand Q^T in fragment order.
+template <int NT>
+__device__ __forceinline__ void put_q(uint16_t* qfrag, int col, int c, uint32_t bits) {
+  qfrag[qfrag_half_index(col, c, NT)] = uint16_t(bits);
+}
+
+// NVFP4 query terms (dual-residual when T == 2): per head a global scale from the finite
+// amax over all blocks (one barrier), then per block the E4M3-scaled codes; term t + 1
+// quantizes the residual of term t in place.
+template <int D, int T, int NT>
+__device__ void quantize_query(NvFp4Page, const KernelArgs& a, float* qf, uint16_t* qfrag, float* gfac, int* ebuf,
+                               int tid) {
+  const int G = a.G;
+  constexpr int NB = D / kNvfp4Block;
+  for (int t = 0; t < T; ++t) {
+    for (int idx = tid; idx < G * NB; idx += kThreads) {
+      const int h = idx / NB, blk = idx % NB;
+      ebuf[idx] = __float_as_int(finite_amax(qf + h * D + blk * kNvfp4Block, kNvfp4Block, 1));
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * NB; idx += kThreads) {
+      const int h = idx / NB, blk = idx % NB;
+      float amax = 0.0f;
+      for (int j = 0; j < NB; ++j) amax = max_f(amax, __int_as_float(ebuf[h * NB + j]));
+      const float g = nvfp4_global_scale(amax);
+      float* x = qf + h * D + blk * kNvfp4Block;
+      uint8_t codes[kNvfp4Block];
+      const uint8_t s = nvfp4_quantize_block(x, 1, g, false, codes);
+      const float sv = e4m3_value(s);
+      for (int i = 0; i < kNvfp4Block; ++i)
+        put_q<NT>(qfrag, h * T + t, blk * kNvfp4Block + i, half_bits(__fmul_rn(e2m1_value(codes[i]), sv)));
+      if (t + 1 < T) nvfp4_block_residual(x, codes, s, g, x);
+      if (blk == 0) gfac[t * kMaxG + h] = g;
+    }
+    __syncthreads();
+  }
+}
+
+// MXFP4 query terms: one (head, block) per thread (G * NB <= 128), its 32 elements 16 at a
+// time (mxfp4_quantize_block without search, then mxfp4_block_residual): a 32-code array
+// held the dual-residual kernel above 128 registers, i.e. to one CTA per SM. The codes are
+// stored relative to the head's largest block exponent (gfac carries 2^(emax - 13)).
+template <int D, int T, int NT>
+__device__ void quantize_query(MxFp4Page, const KernelArgs& a, float* qf, uint16_t* qfrag, float* gfac, int* ebuf,
+                               int tid) {
+  const int G = a.G;
+  constexpr int NB = D / kMxfp4Block;
+  for (int t = 0; t < T; ++t) {
+    const int idx = tid;
+    const bool mine = idx < G * NB;
+    const int h = mine ? idx / NB : 0, blk = mine ? idx % NB : 0;
+    float* x = qf + h * D + blk * kMxfp4Block;
+    int e = 0;
+    if (mine) {
+      const float amax = finite_amax(x, kMxfp4Block, 1);
+      e = mxfp4_ocp_exponent(amax);
+      ebuf[idx] = amax > 0.0f ? e : kNoExponent;  // zero blocks do not set the shift
+    }
+    __syncthreads();
+    if (mine) {
+      int emax = kNoExponent;
+      for (int j = 0; j < NB; ++j) emax = max(emax, ebuf[h * NB + j]);
+      if (emax == kNoExponent) emax = 0;
+      const float unit = pow2f(max(e - emax + kFp16CodeShift, kMinFloatExponent));
+      const float inv = pow2f(-e), sc = e8m0_value(uint8_t(e + kE8M0Bias));
+#pragma unroll 1
+      for (int i0 = 0; i0 < kMxfp4Block; i0 += 16) {  // 16 loads in flight, then 16 elements
+        float xv[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) xv[j] = x[i0 + j];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t c = mxfp4_element_code(xv[j], inv);
+          put_q<NT>(qfrag, h * T + t, blk * kMxfp4Block + i0 + j, half_bits(__fmul_rn(e2m1_value(c), unit)));
+          if (t + 1 < T) x[i0 + j] = sub_rn(xv[j], mul_rn(e2m1_value(c), sc));
+        }
+      }
+      if (blk == 0) gfac[t * kMaxG + h] = pow2f(max(emax - kFp16CodeShift, kMinFloatExponent));
+    }
+    __syncthreads();
+  }
+}
+
+// FP8 and BF16 pages take 16-bit queries only (the mixed path above).
+template <int D, int T, int NT, class F>
+__device__ __forceinline__ void quantize_query(F, const KernelArgs&, float*, uint16_t*, float*, int*, int) {}
+
+// Builds the B operand Q^T (T terms per head, fragment order, padding columns left zero)
+// and the FP32 factors gfac[t][h] of each term.
+template <class F, int D, int T, int NT>
+__device__ void build_query_operand(const KernelArgs& a, float* qf, uint16_t* qfrag, float* gfac, int* ebuf,
+                                    int tid) {
+  const int G = a.G;
+  if (a.qmode == kQHalf || a.qmode == kQBf16) {
+    for (int i = tid; i < G * D; i += kThreads) {
+      const int h = i / D, c = i % D;
+      put_q<NT>(qfrag, h, c, a.qmode == kQHalf ? half_bits(qf[i]) : bf16_bits(qf[i]));
+    }
+    if (tid < G) gfac[tid] = 1.0f;
+    __syncthreads();
+    return;
+  }
+  quantize_query<D, T, NT>(F{}, a, qf, qfrag, gfac, ebuf, tid);
+}
+
+}  // namespace fp4kv::attention::detail

@@ -1,0 +1,161 @@
+// The BF16 sink + recent CTA of a (row, KV head): the tokens the recipe keeps in BF16 (the
+// first kSinkTokens and the recent ring of the slot buffer, cache/layout.h) attended with
+// FP32 CUDA-core math, its partial (o, base-2 LSE) written as split max_splits for the
+// combine. All rows are fetched at once (one memory latency), S = q'.k' by 8 lanes per key
+// with 3 shuffles, P.V by (channel pair, head group) threads over the keys in order.
+#pragma once
+
+#include "fp4kv/attention/device_common.cuh"
+#include "fp4kv/attention/query_prologue.cuh"
+#include "fp4kv/attention/smem_plan.cuh"
+#include "fp4kv/cache/layout.h"
+#include "fp4kv/core/decode_layout.h"
+
+namespace fp4kv::attention::detail {
+
+// Slot row of the i-th BF16 token the row attends: the sink rows first, then the recent
+// ring (slot rows kSinkTokens + position % kPageTokens).
+__device__ __forceinline__ int slot_row_of(int i, const DecodeLayout& L) {
+  return i < L.sink_tokens ? i : kSinkTokens + (L.recent_begin + i - L.sink_tokens) % kPageTokens;
+}
+
+// Copies the BF16 rows the row attends (in attention order) from the slot to dst [rows][D].
+template <int D>
+__device__ __forceinline__ void load_slot_rows(uint16_t* dst, const uint16_t* src0, const DecodeLayout& L, int tid) {
+  constexpr int CPR = D / 8;  // 16-byte chunks per row
+  const int nbf = L.bf16_tokens();
+  for (int c = tid; c < nbf * CPR; c += kThreads) {
+    const int i = c / CPR, ch = c % CPR;
+    cp_async16(smem_u32(dst + i * D + ch * 8), src0 + size_t(slot_row_of(i, L)) * D + ch * 8);
+  }
+  cp_async_commit();
+}
+
+// The CTA's work (region: the rows and scores; qf: the FP32 queries; red: [2][kMaxG] maxima
+// and sums). A row whose slot the control kernel failed contributes nothing (LSE -inf).
+template <int D>
+__device__ void sink_recent_part(const KernelArgs& a, uint8_t* region, float* qf, float* red, int b, int kvh,
+                                 const DecodeLayout& L, int tid) {
+  const int G = a.G, warp = tid / 32, lane = tid % 32;
+  const int nbf = L.bf16_tokens();
+  uint16_t* Kc = reinterpret_cast<uint16_t*>(region);  // [144][D] bf16
+  uint16_t* Vc = Kc + kBf16Rows * D;                   // [144][D] bf16
+  float* Sb = reinterpret_cast<float*>(Vc + kBf16Rows * D);  // [kMaxG][144]
+  const int S1 = a.max_splits + 1;
+  const size_t obase = size_t(b) * a.q_heads + size_t(kvh) * G;
+  const int slot = a.row_slot ? a.row_slot[b] : b;
+  if (slot < 0 || slot >= a.slots) {  // the control kernel failed this row: contribute nothing
+    if (tid < G) a.part_lse[(obase + tid) * S1 + a.max_splits] = neg_inf();
+    return;
+  }
+  const uint16_t* kb = a.slot_buffer + cache::slot_row_offset(0, slot, kvh, 0, 0, a.slots, a.kv_heads, D);
+  const uint16_t* vb = a.slot_buffer + cache::slot_row_offset(0, slot, kvh, 1, 0, a.slots, a.kv_heads, D);
+  load_slot_rows<D>(Kc, kb, L, tid);
+  load_slot_rows<D>(Vc, vb, L, tid);
+  load_rotate_queries<D>(a, qf, b, kvh, tid);
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // S: key i = pass * 32 + warp * 4 + lane / 8; lane % 8 takes the 16-byte chunks sub, sub + 8, ...
+  const int sub = lane % 8;
+  constexpr int CH = D / 64;  // chunks per lane
+  for (int base = 0; base < nbf; base += 4 * kWarps) {
+    const int i = base + warp * 4 + lane / 8;
+    float dot[kMaxG];
+#pragma unroll
+    for (int h = 0; h < kMaxG; ++h) dot[h] = 0.0f;
+    if (i < nbf) {
+#pragma unroll
+      for (int k = 0; k < CH; ++k) {
+        const int c0 = (sub + 8 * k) * 8;
+        const uint4 w = *reinterpret_cast<const uint4*>(Kc + i * D + c0);
+        const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+        float kv[8];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          kv[2 * e] = __uint_as_float(wv[e] << 16);
+          kv[2 * e + 1] = __uint_as_float(wv[e] & 0xFFFF0000u);
+        }
+#pragma unroll
+        for (int h = 0; h < kMaxG; ++h) {
+          if (h < G) {
+            const float4 q0 = *reinterpret_cast<const float4*>(qf + h * D + c0);
+            const float4 q1 = *reinterpret_cast<const float4*>(qf + h * D + c0 + 4);
+            dot[h] = fmaf(q0.x, kv[0], dot[h]);
+            dot[h] = fmaf(q0.y, kv[1], dot[h]);
+            dot[h] = fmaf(q0.z, kv[2], dot[h]);
+            dot[h] = fmaf(q0.w, kv[3], dot[h]);
+            dot[h] = fmaf(q1.x, kv[4], dot[h]);
+            dot[h] = fmaf(q1.y, kv[5], dot[h]);
+            dot[h] = fmaf(q1.z, kv[6], dot[h]);
+            dot[h] = fmaf(q1.w, kv[7], dot[h]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kMaxG; ++h) {
+      if (h < G) {
+        float x = dot[h];
+        x += __shfl_xor_sync(0xffffffffu, x, 1);
+        x += __shfl_xor_sync(0xffffffffu, x, 2);
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        if (sub == 0 && i < nbf) Sb[h * kBf16Rows + i] = __fmul_rn(x, a.gamma);
+      }
+    }
+  }
+  __syncthreads();
+  for (int h = warp; h < G; h += kWarps) {
+    float m = neg_inf();
+    for (int i = lane; i < nbf; i += 32) m = fmaxf(m, Sb[h * kBf16Rows + i]);
+    m = warp_max_xor(m, 1);
+    float l = 0.0f;
+    for (int i = lane; i < nbf; i += 32) {
+      const float p = exp2f(__fsub_rn(Sb[h * kBf16Rows + i], m));
+      Sb[h * kBf16Rows + i] = p;
+      l += p;
+    }
+    l = warp_sum_xor(l, 1);
+    if (lane == 0) {
+      red[h] = m;
+      red[kMaxG + h] = l;
+    }
+  }
+  __syncthreads();
+  // P.V: thread owns channels 2 cp, 2 cp + 1 and heads hg, hg + HG, ...
+  constexpr int PAIRS = D / 2;
+  constexpr int HG = kThreads / PAIRS;
+  constexpr int HPT = kMaxG / HG;
+  const int cp = tid % PAIRS, hg = tid / PAIRS;
+  float o0[HPT], o1[HPT];
+#pragma unroll
+  for (int k = 0; k < HPT; ++k) o0[k] = o1[k] = 0.0f;
+  const uint32_t* V32 = reinterpret_cast<const uint32_t*>(Vc);
+#pragma unroll 4
+  for (int i = 0; i < nbf; ++i) {
+    const uint32_t w = V32[i * PAIRS + cp];
+    const float v0 = __uint_as_float(w << 16), v1 = __uint_as_float(w & 0xFFFF0000u);
+#pragma unroll
+    for (int k = 0; k < HPT; ++k) {
+      const int h = hg + k * HG;
+      if (h < G) {
+        const float p = Sb[h * kBf16Rows + i];
+        o0[k] = fmaf(p, v0, o0[k]);
+        o1[k] = fmaf(p, v1, o1[k]);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < HPT; ++k) {
+    const int h = hg + k * HG;
+    if (h < G) {
+      const float l = red[kMaxG + h];
+      float* dst = a.part_o + ((obase + h) * S1 + a.max_splits) * D + 2 * cp;
+      dst[0] = o0[k] / l;
+      dst[1] = o1[k] / l;
+      if (cp == 0) a.part_lse[(obase + h) * S1 + a.max_splits] = red[h] + log2f(l);
+    }
+  }
+}
+
+}  // namespace fp4kv::attention::detail

@@ -1,0 +1,276 @@
+// The online softmax of a split CTA, one page at a time (paper Algorithm 1, lines 8-17):
+// which heads a thread's slots hold, its running maxima and sums, the logits of a page
+// from the S^T accumulators, the page's P (FP16/BF16, or FP4 codes in native mode) and the
+// rescale of the O accumulators.
+//
+// Slots. The S^T C fragment gives a thread 2 keys x 2 columns per column tile. Softmax
+// slots (NSL per thread): T == 2 (dual-residual query, columns 2h and 2h + 1 are the two
+// terms of head h): head 4 nt + lane % 4; T == 1: head 8 nt + 2 (lane % 4) + e. P.V slots
+// (NSLP): head 8 ntp + 2 (lane % 4) + e of the O^T C fragment.
+#pragma once
+
+#include "fp4kv/attention/device_common.cuh"
+#include "fp4kv/attention/fragment.h"
+#include "fp4kv/attention/page_traits.cuh"
+#include "fp4kv/attention/smem_plan.cuh"
+#include "fp4kv/core/block_quant.h"
+#include "fp4kv/core/minifloat.h"
+#include "fp4kv/core/operand_quant.h"
+
+namespace fp4kv::attention::detail {
+
+// Compile-time shape of one split-kernel instance (page traits F, head_dim D, operand mode
+// OM, NT column tiles).
+template <class F, int D, int OM, int NT_>
+struct SplitConfig {
+  using Fmt = F;
+  static constexpr int kD = D;
+  static constexpr int NT = NT_;
+  static constexpr int T = query_terms(OM);
+  static constexpr bool kPFp4 = OM != kOm16;  // P quantized to FP4 (else FP16, BF16 on BF16 pages)
+  using Plan = SmemPlan<F, D, T, NT>;
+  static constexpr int NSL = T == 2 ? NT : 2 * NT;  // softmax slots (heads) per thread
+  static constexpr int NTP = Plan::NTP;              // n-tiles of P.V (heads / 8)
+  static constexpr int NSLP = 2 * NTP;               // P.V head slots per thread
+  static constexpr int KS = Plan::KS;
+  static constexpr int CGW = Plan::CGW;              // channel groups of O a warp holds
+  // FP8/FP4 mixed mode with one column tile and G <= 4: only lanes 0, 1 of each quad hold
+  // real heads (columns 0-3), so the softmax is split across the quad: lane q < 2 keeps
+  // head 2q (its slot 0), lane q + 2 takes head 2q + 1 (lane q's slot 1, by shuffle) in its
+  // slot 0; every lane then runs one slot instead of half the lanes two. (Not BF16: measured
+  // slower.)
+  static constexpr bool kQuadSplitType = T == 1 && NT == 1 && !kPFp4 && F::kBulk;
+  // MXFP4 P (native): a P block is a warp pair's 32 keys; the tile exponent scales P.V.
+  static constexpr bool kMxProb = F::kE8M0Scales && kPFp4;
+};
+
+// The heads of a thread's slots.
+template <class K>
+struct SlotMap {
+  int lane, G;
+  bool quad_split;  // K::kQuadSplitType and G <= 4
+
+  // T == 2: the column pair (2h, 2h + 1) of the thread's C fragment in column tile sl.
+  __device__ __forceinline__ int sm_head(int sl) const {
+    return K::T == 2 ? 4 * sl + c_frag_col(lane, 0) / 2 : 8 * (sl / 2) + c_frag_col(lane, sl % 2);
+  }
+  __device__ __forceinline__ int pv_head(int sp) const { return 8 * (sp / 2) + c_frag_col(lane, sp % 2); }
+  // The head whose running max and sum a softmax slot holds.
+  __device__ __forceinline__ int own_head(int sl) const {
+    if (!quad_split) return sm_head(sl);
+    return sl == 0 ? ((lane & 2) ? 2 * (lane & 1) + 1 : 2 * (lane % 4)) : kMaxG;
+  }
+};
+
+// A thread's softmax slots: the query terms' FP32 factors, running maxima (base 2) and sums.
+template <class K>
+struct SoftmaxState {
+  float gf0[K::NSL], gf1[K::NSL], m[K::NSL], l[K::NSL];
+
+  __device__ __forceinline__ void init(const float* gfac, const SlotMap<K>& map) {
+#pragma unroll
+    for (int sl = 0; sl < K::NSL; ++sl) {
+      const int h = min(map.sm_head(sl), kMaxG - 1);
+      gf0[sl] = gfac[h];
+      gf1[sl] = K::T == 2 ? gfac[kMaxG + h] : 0.0f;
+      m[sl] = neg_inf();
+      l[sl] = 0.0f;
+    }
+  }
+};
+
+// A page's logits of the warp's 16 keys (base 2: gamma = log2 e / sqrt(d)) per softmax slot
+// and row half, keys outside [first, end) masked to -inf, the warp maxima into
+// red_max[buf][head][warp]. Mixed mode applies one factor per column and page, g of the
+// query x (kfac x gamma); FP4 P (native) keeps the reference's order, ((acc1 g1 + acc2 g2)
+// kfac) gamma: its E2M1 rounding of p turns an ulp of difference into a code flip.
+template <class K>
+__device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], float kfac, float gamma, int first,
+                                            int end, int buf, int warp, const SlotMap<K>& map,
+                                            const SoftmaxState<K>& st, float* red_max, float (&sv)[K::NSL][2],
+                                            float (&wm)[K::NSL]) {
+  const float kg = __fmul_rn(kfac, gamma);
+#pragma unroll
+  for (int sl = 0; sl < K::NSL; ++sl) {
+    const int h = map.sm_head(sl);
+    const float f0 = K::kPFp4 ? st.gf0[sl] : __fmul_rn(st.gf0[sl], kg);
+    // Columns of heads >= G need no mask: their maxima and P are never used.
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int key = 16 * warp + c_frag_row(map.lane, 2 * rr);
+      float x;
+      if constexpr (K::T == 2) {
+        x = __fadd_rn(__fmul_rn(acc2[0][sl][2 * rr] + acc2[1][sl][2 * rr], f0),
+                      __fmul_rn(acc2[0][sl][2 * rr + 1] + acc2[1][sl][2 * rr + 1], st.gf1[sl]));
+      } else {
+        x = __fmul_rn(acc2[0][sl / 2][2 * rr + sl % 2] + acc2[1][sl / 2][2 * rr + sl % 2], f0);
+      }
+      if constexpr (K::kPFp4) x = __fmul_rn(__fmul_rn(x, kfac), gamma);
+      sv[sl][rr] = (key >= first && key < end) ? x : neg_inf();
+    }
+    wm[sl] = warp_max_xor(fmaxf(sv[sl][0], sv[sl][1]), 4);
+    if (map.lane < 4 && h < map.G) red_max[(buf * kMaxG + h) * kWarps + warp] = wm[sl];
+  }
+}
+
+// The recipe's P rule (uniform per launch), read from the kernel arguments where used.
+struct ProbRule {
+  const KernelArgs& a;
+  __device__ __forceinline__ float log2c() const { return a.log2c; }  // log2 c (0 unless P is FP4)
+  __device__ __forceinline__ float tau() const { return a.tau; }      // underflow-aware P threshold
+  __device__ __forceinline__ bool underflow() const { return a.pmode == kPNvUnderflow; }
+};
+
+// Tile maximum of head h over the 8 warps' maxima.
+__device__ __forceinline__ float tile_max(const float* red_max, int buf, int h) {
+  static_assert(kWarps == 8, "tile_max reads 8 warp maxima");
+  const float4 x0 = *reinterpret_cast<const float4*>(red_max + (buf * kMaxG + h) * kWarps);
+  const float4 x1 = *reinterpret_cast<const float4*>(red_max + (buf * kMaxG + h) * kWarps + 4);
+  return fmaxf(fmaxf(fmaxf(x0.x, x0.y), fmaxf(x0.z, x0.w)), fmaxf(fmaxf(x1.x, x1.y), fmaxf(x1.z, x1.w)));
+}
+// Maximum of head h over the warp pair of `warp` (an MXFP4 P block).
+__device__ __forceinline__ float pair_max(const float* red_max, int buf, int h, int warp) {
+  const float* r = red_max + (buf * kMaxG + h) * kWarps + (warp & ~1);
+  return fmaxf(r[0], r[1]);
+}
+
+// The P.V slots' rescale and page factors from the softmax slots'. T == 1: the same heads
+// (with the quad split, head 2q + 1's rescale lives in lane q + 2; lanes q + 2 get lane q's:
+// their columns are padding heads, whose P is zero). T == 2: the head of a P.V slot is a
+// softmax slot of a lane of this quad (head 4 sl + lane % 4): its factors come by shuffles,
+// not a second tile maximum; padding heads (>= G) take head G - 1's (finite, multiply zeros).
+template <class K>
+__device__ __forceinline__ void pv_slot_factors(const float (&alpha_s)[K::NSL], const float (&fac_s)[K::NSL],
+                                                float vfac, const SlotMap<K>& map, float (&alpha_p)[K::NSLP],
+                                                float (&fac_p)[K::NSLP]) {
+  if constexpr (K::T == 1) {
+    static_assert(K::T != 1 || K::NSL == K::NSLP, "T == 1: softmax and P.V slots coincide");
+#pragma unroll
+    for (int sp = 0; sp < K::NSLP; ++sp) {
+      alpha_p[sp] = alpha_s[sp];
+      fac_p[sp] = fac_s[sp];
+    }
+    if constexpr (K::kQuadSplitType) {
+      if (map.quad_split) alpha_p[1] = __shfl_xor_sync(0xffffffffu, alpha_s[0], 2);
+    }
+  } else {
+#pragma unroll
+    for (int sp = 0; sp < K::NSLP; ++sp) {
+      const int h = min(map.pv_head(sp), map.G - 1), src = (map.lane & ~3) | (h % 4);
+      alpha_p[sp] = 1.0f;
+      fac_p[sp] = vfac;
+#pragma unroll
+      for (int sl = 0; sl < K::NSL; ++sl) {
+        const float al = __shfl_sync(0xffffffffu, alpha_s[sl], src), fa = __shfl_sync(0xffffffffu, fac_s[sl], src);
+        if (sl == h / 4) {
+          alpha_p[sp] = al;
+          fac_p[sp] = fa;
+        }
+      }
+    }
+  }
+}
+
+// The softmax of one page, after the barrier that publishes red_max[buf]: per slot the new
+// running max from the tile maximum, p = 2^(s - m) quantized as the recipe says into P^T
+// (psb [head][key], the warp's 16 keys), the running sum (of the unquantized p), and the
+// P.V slots' rescale alpha_p and page factor fac_p (vfac, times MXFP4 P's tile exponent).
+template <class K>
+__device__ __forceinline__ void softmax_page(int buf, const float (&sv)[K::NSL][2], const float (&wm)[K::NSL], float vfac,
+                                             uint16_t* psb, int warp, const SlotMap<K>& map, const ProbRule& rule,
+                                             const float* red_max, SoftmaxState<K>& st, float (&alpha_p)[K::NSLP],
+                                             float (&fac_p)[K::NSLP]) {
+  using F = typename K::Fmt;
+  const int lane = map.lane;
+  float alpha_s[K::NSL], fac_s[K::NSL];
+  float sx[K::NSL][2], wx[K::NSL];  // the slots' logits and warp maxima (own_head's)
+#pragma unroll
+  for (int sl = 0; sl < K::NSL; ++sl) {
+    sx[sl][0] = sv[sl][0], sx[sl][1] = sv[sl][1], wx[sl] = wm[sl];
+  }
+  if constexpr (K::kQuadSplitType) {
+    if (map.quad_split) {  // lanes q + 2 take lane q's slot 1 (head 2q + 1)
+      const float s0 = __shfl_xor_sync(0xffffffffu, sv[1][0], 2), s1 = __shfl_xor_sync(0xffffffffu, sv[1][1], 2);
+      const float w1 = __shfl_xor_sync(0xffffffffu, wm[1], 2);
+      if (lane & 2) sx[0][0] = s0, sx[0][1] = s1, wx[0] = w1;
+    }
+  }
+#pragma unroll
+  for (int sl = 0; sl < K::NSL; ++sl) {
+    const int h = map.own_head(sl);
+    alpha_s[sl] = 1.0f;
+    fac_s[sl] = vfac;
+    if (h >= map.G) continue;
+    const float mt = tile_max(red_max, buf, h);
+    const float mn = fmaxf(st.m[sl], mt);
+    // A tile (and split) with no attended key yet (the masked sink copy on page 0 with
+    // no BF16 recent and n <= 16): subtract 0 so that p = 0 and alpha = 0, not NaN.
+    const float mz = mn == neg_inf() ? 0.0f : mn;
+    const float alpha = fast_exp2(__fsub_rn(st.m[sl], mz));
+    st.m[sl] = mn;
+    float lsum = 0.0f;
+    int etile = 0;
+    int pexp = 0;  // MXFP4 P: the block exponent (a block is the warp pair's 32 keys)
+    alpha_s[sl] = alpha;
+    if constexpr (K::kMxProb) {
+      etile = mxfp4_ocp_exponent(fast_exp2(__fadd_rn(__fsub_rn(mt, mz), rule.log2c())));
+      pexp = mxfp4_ocp_exponent(fast_exp2(__fadd_rn(__fsub_rn(pair_max(red_max, buf, h, warp), mz), rule.log2c())));
+      fac_s[sl] = __fmul_rn(vfac, pow2f(max(etile - kFp16CodeShift, kMinFloatExponent)));
+    }
+    float psc = 0.0f;  // NVFP4 P: the block scale value (the warp's 16 keys are one block)
+    if constexpr (!F::kE8M0Scales && K::kPFp4)
+      psc = nvfp4_prob_scale_value(fast_exp2(__fadd_rn(__fsub_rn(wx[sl], mz), rule.log2c())), rule.underflow(), rule.tau());
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      // log2 c is 0 unless P is FP4: mixed mode skips the add.
+      const float p = fast_exp2(K::kPFp4 ? __fadd_rn(__fsub_rn(sx[sl][rr], mz), rule.log2c()) : __fsub_rn(sx[sl][rr], mz));
+      lsum += p;
+      uint32_t bits;
+      if constexpr (!K::kPFp4) {
+        bits = F::kBf16Mma ? bf16_bits(p) : half_bits(p);
+      } else if constexpr (K::kMxProb) {  // e2m1_round_value: the value of mxfp4_prob_code
+        const float v = e2m1_round_value(__fmul_rn(p, pow2f(-pexp)));
+        bits = half_bits(__fmul_rn(v, pow2f(max(pexp - etile + kFp16CodeShift, kMinFloatExponent))));
+      } else {
+        bits = half_bits(nvfp4_prob_value(p, psc));
+      }
+      const int key = 16 * warp + c_frag_row(lane, 2 * rr);
+      psb[h * kPsStride + key] = uint16_t(bits);
+    }
+    st.l[sl] = __fadd_rn(__fmul_rn(st.l[sl], alpha), lsum);
+  }
+  pv_slot_factors<K>(alpha_s, fac_s, vfac, map, alpha_p, fac_p);
+}
+
+// The O^T accumulators of a thread: channel group (16 channels) x n-tile (8 heads).
+template <class K>
+struct OAccum {
+  float o[K::CGW][K::NTP][4];
+};
+
+// o = alpha o + fac tmp, per P.V slot (head column); the rescale only when an alpha moved.
+template <class K>
+__device__ __forceinline__ void accumulate(OAccum<K>& acc, const float (&tmp)[K::CGW][K::NTP][4],
+                                           const float (&alpha_p)[K::NSLP], const float (&fac_p)[K::NSLP]) {
+  bool rescale = false;
+#pragma unroll
+  for (int sp = 0; sp < K::NSLP; ++sp) rescale |= alpha_p[sp] != 1.0f;
+  if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+    for (int i = 0; i < K::CGW; ++i)
+#pragma unroll
+      for (int j = 0; j < K::NTP; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          acc.o[i][j][e] = fmaf(acc.o[i][j][e], alpha_p[2 * j + e % 2], tmp[i][j][e] * fac_p[2 * j + e % 2]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < K::CGW; ++i)
+#pragma unroll
+      for (int j = 0; j < K::NTP; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc.o[i][j][e] = fmaf(tmp[i][j][e], fac_p[2 * j + e % 2], acc.o[i][j][e]);
+  }
+}
+
+}  // namespace fp4kv::attention::detail
