@@ -4,8 +4,10 @@
 #include <filesystem>
 
 #include "fp4kv/core/error.h"
+#include "fp4kv/core/output_file.h"
 #include "fp4kv/eval/calibration.h"
 #include "fp4kv/eval/evaluate.h"
+#include "fp4kv/eval/limits.h"
 #include "fp4kv/model/qwen3.h"
 #include "tools/commands.h"
 
@@ -19,12 +21,18 @@ struct CalibrateArgs {
 
 int run_calibrate(CalibrateArgs& a) {
   namespace fs = std::filesystem;
-  require(fs::is_directory(a.model), "model directory '" + a.model + "' does not exist");
-  const model::Qwen3Model m = model::Qwen3Model::load(a.model);
-  a.opt.calib_text = eval::read_text_file(a.text);
+  require(fs::exists(a.model), "--model: model directory '" + a.model + "' does not exist");
+  require(fs::is_directory(a.model), "--model: '" + a.model + "' is not a directory");
+  // Every check that can fail does so before the weights load and the prefill runs.
+  eval::check_calibration_limits(model::Qwen3Config::load_dir(a.model), a.opt);
   const std::string out = a.out.empty() ? (fs::path(a.model) / eval::kCalibrationFile).string() : a.out;
-  const eval::Calibration c = eval::calibrate(m, fs::path(a.model).filename().string(), a.opt);
-  c.save(out);
+  check_output_writable(out, "--out");
+  a.opt.calib_text = eval::read_text_file(a.text, "--text");
+  const eval::Calibration c = eval::with_memory_guard("calibrating (--context, --continuation)", [&] {
+    const model::Qwen3Model m = model::Qwen3Model::load(a.model);
+    return eval::calibrate(m, fs::path(a.model).filename().string(), a.opt);
+  });
+  c.save(out, "--out");
   double norm_sum = 0;
   for (int l = 0; l < c.layers; ++l)
     for (int h = 0; h < c.kv_heads; ++h) {

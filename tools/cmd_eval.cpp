@@ -1,10 +1,11 @@
 // `fp4kv eval`: accuracy of KV-cache recipes on a real model (the README's main job).
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 
 #include "fp4kv/core/error.h"
+#include "fp4kv/core/output_file.h"
 #include "fp4kv/eval/evaluate.h"
+#include "fp4kv/eval/limits.h"
 #include "tools/commands.h"
 
 namespace fp4kv::cli {
@@ -21,12 +22,15 @@ int run_eval(EvalArgs& a) {
   a.opt.configs = parse_recipe_list(a.configs);
   a.opt.baseline = parse_recipe(a.opt.baseline).name;  // validate early
   a.opt.progress = !a.quiet;
-  const eval::EvalReport rep = eval::evaluate(a.opt, std::cerr);
+  // Before the work: a result that cannot be written must not cost the evaluation.
+  if (!a.json_out.empty()) check_output_writable(a.json_out, "--json");
+  const eval::EvalReport rep =
+      eval::with_memory_guard("evaluating (--context, --windows, --retrieval-context)",
+                              [&] { return eval::evaluate(a.opt, std::cerr); });
   std::fputs(rep.table().c_str(), stdout);
+  std::fflush(stdout);
   if (!a.json_out.empty()) {
-    std::ofstream out(a.json_out);
-    require(bool(out), "cannot write '" + a.json_out + "'");
-    out << rep.json();
+    write_output_file(a.json_out, rep.json(), "--json");
     std::printf("wrote %s\n", a.json_out.c_str());
   }
   return 0;

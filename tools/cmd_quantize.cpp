@@ -2,21 +2,31 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <optional>
 
 #include "fp4kv/core/error.h"
+#include "fp4kv/core/output_file.h"
 #include "fp4kv/core/tensor_quant.h"
+#include "fp4kv/eval/limits.h"
 #include "tools/commands.h"
 
 namespace fp4kv::cli {
 
 namespace {
 
-std::vector<uint8_t> read_file(const std::string& path) {
+// The raw bytes, the float copy, the dequantized copy and the codes are alive at once.
+constexpr double kQuantizeBytesPerInputByte = 3.5;
+
+std::vector<uint8_t> read_input(const std::string& path) {
+  eval::require_regular_file(path, "--in");
+  const uint64_t size = std::filesystem::file_size(path);
+  eval::require_fits_memory(kQuantizeBytesPerInputByte * double(size), eval::available_memory_bytes(), "--in",
+                            "quantizing the " + std::to_string(size) + "-byte '" + path + "'");
   std::ifstream in(path, std::ios::binary);
-  require(bool(in), "cannot read '" + path + "'");
+  require(bool(in), "--in: cannot read '" + path + "'");
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
@@ -28,17 +38,15 @@ struct QuantizeArgs {
 
 int run_quantize(const QuantizeArgs& a) {
   const KvFormat format = a.format == "nvfp4" ? KvFormat::nvfp4 : KvFormat::mxfp4;
-  const std::vector<uint8_t> raw = read_file(a.in);
+  check_output_writable(a.out, "--out");
+  const std::vector<uint8_t> raw = read_input(a.in);
   require(raw.size() % 4 == 0, "'" + a.in + "' has " + std::to_string(raw.size()) +
                                    " bytes: not a whole number of float32 values (truncated?)");
   std::vector<float> x(raw.size() / 4);
   std::memcpy(x.data(), raw.data(), raw.size());
   const QuantizedTensor t = quantize_tensor(x.data(), x.size(), format, a.search, a.global_scale);
   const std::vector<uint8_t> bytes = t.serialize();
-  std::ofstream out(a.out, std::ios::binary);
-  require(bool(out), "cannot write '" + a.out + "'");
-  out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-  require(bool(out), "writing '" + a.out + "' failed");
+  write_output_file(a.out, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), "--out");
 
   const std::vector<float> y = dequantize_tensor(t);
   double se = 0.0, ref = 0.0;
@@ -71,7 +79,7 @@ Action add_quantize(CLI::App& app) {
   sub->add_option("--global-scale", args->global_scale, "NVFP4 global scale g (default amax/2688)");
   sub->add_option("--in", args->in, "input: little-endian float32 values")->required();
   sub->add_option("--out", args->out, "output: codes, scales, then (NVFP4) float32 g")->required();
-  return [args] { return run_quantize(*args); };
+  return [args] { return eval::with_memory_guard("quantizing --in", [&] { return run_quantize(*args); }); };
 }
 
 }  // namespace fp4kv::cli

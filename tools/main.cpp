@@ -1,6 +1,7 @@
 // fp4kv: FP4 (NVFP4 / MXFP4) KV-cache tools. See README.md.
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <vector>
 
 #include "fp4kv/core/error.h"
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
   add(fp4kv::cli::add_eval);
   add(fp4kv::cli::add_calibrate);
   add(fp4kv::cli::add_quantize);
+  add(fp4kv::cli::add_check_model);
 #ifdef FP4KV_HAVE_CUDA
   add(fp4kv::cli::add_bench);
 #endif
@@ -31,6 +33,10 @@ int main(int argc, char** argv) {
       if (sub->parsed()) return action();
   } catch (const fp4kv::Error& e) {
     std::fprintf(stderr, "fp4kv: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    // Commands turn this into an Error naming their work; this is the last resort.
+    std::fprintf(stderr, "fp4kv: error: out of memory\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fp4kv: internal error: %s\n", e.what());

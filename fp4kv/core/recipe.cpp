@@ -1,6 +1,7 @@
 #include "fp4kv/core/recipe.h"
 
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "fp4kv/core/error.h"
@@ -132,9 +133,12 @@ Recipe parse_recipe(const std::string& spec) {
   r.name = preset;
   if (colon == std::string::npos) return r;
   std::string canon;
+  std::set<std::string> seen;
   for (std::string sw : split(spec.substr(colon + 1), ',')) {
     for (const std::string& part : split(sw, '+')) {
       require(!part.empty(), "empty switch in '" + spec + "'");
+      // Checked before applying: a repeated switch would otherwise read as "does not apply".
+      require(seen.insert(part).second, "switch '" + part + "' is given twice in '" + spec + "'");
       apply_switch(r, part, preset);
       canon += (canon.empty() ? "" : ",") + part;
     }

@@ -22,10 +22,24 @@ struct Calibration {
   double seconds = 0;       // how long calibration took
 
   const float* mu(int layer, int head) const { return &mu_k[(size_t(layer) * kv_heads + head) * head_dim]; }
-  void save(const std::string& path) const;
-  // Loads and checks that the shape matches the model's config.
-  static Calibration load(const std::string& path, const model::Qwen3Config& config);
+  std::string to_json() const;
+  // Writes to_json() to `path`; a failed write is an Error naming `option`.
+  void save(const std::string& path, const std::string& option = "calibration file") const;
+  // Loads and checks every value: the shape matches the model's config, mu_k is finite and,
+  // when key_norm_bounds (Qwen3Model::key_norm_bounds) is given, no (layer, head) mean key
+  // is longer than a key can be; tau is its code's midpoint within the meaningful codes.
+  static Calibration load(const std::string& path, const model::Qwen3Config& config,
+                          const std::vector<float>& key_norm_bounds = {});
 };
+
+// The factor c of underflow-aware P scaling (SPEC section 4: c = 8).
+inline constexpr float kPScaleC = 8.0f;
+// Tau candidates are the codes 0 .. kTauCodes - 1.
+inline constexpr int kTauCodes = 126;
+// The largest tau code that means something for factor c: a block's c * max(p_b) is at
+// most c (p = exp2(S - m) <= 1 against the tile maximum), so the first candidate >= c
+// already switches every block to kappa 2 and larger codes behave exactly like it.
+int max_meaningful_tau_code(float c = kPScaleC);
 
 struct CalibrationOptions {
   std::string calib_text;  // text the eight seed prompts are taken from
@@ -46,6 +60,11 @@ float tau_of_code(int code);
 // Accumulates, for every candidate code, the total error into err_by_code (size 127).
 void accumulate_tau_errors(const float* q, int G, int nq, const float* k, int n, int d, float c,
                            std::vector<double>& err_by_code);
+
+// Throws Error naming the option (--context, --continuation) when `opt` asks for more
+// positions than the model has or more memory than is available. calibrate() calls it;
+// callers call it too before loading the weights, to fail at once.
+void check_calibration_limits(const model::Qwen3Config& config, const CalibrationOptions& opt);
 
 Calibration calibrate(const model::Qwen3Model& model, const std::string& model_name, const CalibrationOptions& opt);
 

@@ -13,6 +13,7 @@
 #include "fp4kv/core/error.h"
 #include "fp4kv/eval/calibration.h"
 #include "fp4kv/eval/kl.h"
+#include "fp4kv/eval/limits.h"
 #include "fp4kv/eval/model_attention.h"
 #include "fp4kv/eval/retrieval.h"
 #include "fp4kv/model/byte_tokenizer.h"
@@ -22,12 +23,43 @@ namespace fp4kv::eval {
 
 namespace fs = std::filesystem;
 
-std::string read_text_file(const std::string& path) {
+namespace {
+// The text is held once and its windows are copied and tokenized (4 bytes per byte).
+constexpr double kTextBytesPerFileByte = 2.0;
+}  // namespace
+
+std::string read_text_file(const std::string& path, const std::string& option) {
+  std::error_code ec;
+  require(fs::exists(path, ec), option + ": cannot read text file '" + path + "': it does not exist");
+  require_regular_file(path, option);
+  const uint64_t size = fs::file_size(path, ec);
+  require_fits_memory(kTextBytesPerFileByte * double(size), available_memory_bytes(), option,
+                      "reading the " + std::to_string(size) + "-byte text '" + path + "'");
   std::ifstream in(path, std::ios::binary);
-  require(bool(in), "cannot read text file '" + path + "'");
+  require(bool(in), option + ": cannot read text file '" + path + "'");
   std::string s((std::istreambuf_iterator<char>(in)), {});
-  require(!s.empty(), "text file '" + path + "' is empty");
+  require(!s.empty(), option + ": text file '" + path + "' is empty");
   return s;
+}
+
+void check_eval_limits(const EvalOptions& o, const model::Qwen3Config& cfg) {
+  require(o.context > 2 * kPageTokens - 1, "--context must be at least 256 tokens (the first page is not scored)");
+  require(o.windows >= 1, "--windows must be at least 1");
+  require(o.retrieval_docs >= 0, "--retrieval-docs must be >= 0");
+  require_within_positions(cfg, o.context, "--context");
+  const uint64_t available = available_memory_bytes();
+  // The reference logits stay alive while each recipe's logits are computed.
+  require_fits_memory(forward_pass_bytes(cfg, o.context, {.logits_copies = 2}), available, "--context",
+                      "a window of " + std::to_string(o.context) + " tokens");
+  if (o.retrieval_docs == 0) return;
+  require_within_positions(cfg, o.retrieval_context, "--retrieval-context");
+  // The document's K/V state, and its copy joined with each question.
+  const double doc = forward_pass_bytes(cfg, o.retrieval_context, {.logits_copies = 1, .kv_states = 2});
+  const double bodies = double(o.retrieval_docs) * o.retrieval_context * sizeof(int);
+  require_fits_memory(doc, available, "--retrieval-context",
+                      "a pass-key document of " + std::to_string(o.retrieval_context) + " tokens");
+  require_fits_memory(doc + bodies, available, "--retrieval-docs",
+                      std::to_string(o.retrieval_docs) + " pass-key documents");
 }
 
 namespace {
@@ -55,16 +87,16 @@ bool needs_calibration(const Recipe& r) { return r.smooth_keys || r.prob == Prob
 Calibration obtain_calibration(const EvalOptions& o, const model::Qwen3Model& m, std::string& note, std::ostream& log) {
   if (!o.calibration_path.empty()) {
     note = o.calibration_path + " (given)";
-    return Calibration::load(o.calibration_path, m.config());
+    return Calibration::load(o.calibration_path, m.config(), m.key_norm_bounds());
   }
   const fs::path beside = fs::path(o.model_dir) / kCalibrationFile;
   if (fs::exists(beside)) {
     note = beside.string() + " (saved beside the model)";
-    return Calibration::load(beside.string(), m.config());
+    return Calibration::load(beside.string(), m.config(), m.key_norm_bounds());
   }
   log << "no calibration file given or beside the model: calibrating first (fp4kv calibrate)\n";
   CalibrationOptions co;
-  co.calib_text = read_text_file(o.calib_text_path);
+  co.calib_text = read_text_file(o.calib_text_path, "--calibration-text");
   co.context = std::max(o.context, 2 * kPageTokens);
   Calibration c = calibrate(m, fs::path(o.model_dir).filename().string(), co);
   try {
@@ -86,17 +118,22 @@ std::string fmt(const char* f, double x) {
 
 EvalReport evaluate(const EvalOptions& o, std::ostream& log) {
   const auto t0 = std::chrono::steady_clock::now();
-  require(fs::is_directory(o.model_dir), "model directory '" + o.model_dir + "' does not exist");
-  require(o.context > 2 * kPageTokens - 1, "--context must be at least 256 tokens (the first page is not scored)");
-  require(o.windows >= 1, "--windows must be at least 1");
-  require(o.retrieval_docs >= 0, "--retrieval-docs must be >= 0");
+  require(fs::exists(o.model_dir), "--model: model directory '" + o.model_dir + "' does not exist");
+  require(fs::is_directory(o.model_dir), "--model: '" + o.model_dir + "' is not a directory");
   require(!o.configs.empty(), "no configurations to evaluate");
-  const model::Qwen3Model m = model::Qwen3Model::load(o.model_dir);
-  const model::Qwen3Config& cfg = m.config();
-  const std::string text = read_text_file(o.text_path);
+  check_eval_limits(o, model::Qwen3Config::load_dir(o.model_dir));
+  if (!o.calibration_path.empty()) require_regular_file(o.calibration_path, "--calibration");
+  const std::string text = read_text_file(o.text_path, "--text");
   require(text.size() + 1 >= size_t(o.context),
           "text '" + o.text_path + "' (" + std::to_string(text.size()) + " bytes) is shorter than the context of " +
               std::to_string(o.context) + " tokens");
+  // Windows start at distinct byte offsets; more than the text holds would repeat them.
+  const size_t distinct_windows = text.size() + 2 - size_t(o.context);
+  require(size_t(o.windows) <= distinct_windows,
+          "--windows " + std::to_string(o.windows) + " exceeds the " + std::to_string(distinct_windows) +
+              " distinct windows of " + std::to_string(o.context) + " tokens that '" + o.text_path + "' holds");
+  const model::Qwen3Model m = model::Qwen3Model::load(o.model_dir);
+  const model::Qwen3Config& cfg = m.config();
 
   EvalReport rep;
   rep.model = fs::path(o.model_dir).filename().string();

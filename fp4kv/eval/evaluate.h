@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fp4kv/core/recipe.h"
+#include "fp4kv/model/qwen3_config.h"
 
 namespace fp4kv::eval {
 
@@ -51,7 +52,13 @@ struct EvalReport {
 
 EvalReport evaluate(const EvalOptions& options, std::ostream& log);
 
-// Reads a text file; clear error when it is missing or empty.
-std::string read_text_file(const std::string& path);
+// Reads a text file; clear error naming `option` when it is missing, a directory, empty,
+// or larger than the memory available.
+std::string read_text_file(const std::string& path, const std::string& option = "text file");
+
+// Throws Error naming the option when `options` ask for more than the model's positions or
+// the available memory allow. evaluate() calls it (after reading config.json, before the
+// weights); callers may call it earlier.
+void check_eval_limits(const EvalOptions& options, const model::Qwen3Config& config);
 
 }  // namespace fp4kv::eval

@@ -4,6 +4,8 @@
 // (RMSNorm, QK-norm, rotate-half RoPE, SwiGLU) closely enough to agree to ~1e-5.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <string>
@@ -45,6 +47,18 @@ class Qwen3Model {
 
   const Qwen3Config& config() const { return config_; }
   int64_t parameter_count() const;
+  // Per layer, an upper bound of a post-RoPE key vector's norm: QK-norm leaves an RMS of at
+  // most 1 (norm <= sqrt(head_dim)) before the k_norm weight scales each channel, and RoPE
+  // only rotates channel pairs. A mean key (calibration's mu_k) cannot exceed it either.
+  std::vector<float> key_norm_bounds() const {
+    std::vector<float> out;
+    for (const Layer& layer : layers_) {
+      float w = 0.0f;
+      for (float x : layer.k_norm) w = std::max(w, std::fabs(x));
+      out.push_back(w * std::sqrt(float(config_.head_dim)));
+    }
+    return out;
+  }
 
   // Logits [L][vocab] for `tokens` at positions 0..L-1; with `state`, also the K/V of
   // every layer (to extend later).

@@ -182,8 +182,10 @@ Qwen3Config Qwen3Config::parse(const std::string& json_text, const std::string& 
 
 Qwen3Config Qwen3Config::load_dir(const std::string& dir) {
   namespace fs = std::filesystem;
-  if (!fs::is_directory(dir)) throw Error("model directory " + dir + " does not exist");
+  if (!fs::exists(dir)) throw Error("model directory " + dir + " does not exist");
+  if (!fs::is_directory(dir)) throw Error("model directory " + dir + " is not a directory");
   const fs::path path = fs::path(dir) / "config.json";
+  if (fs::is_directory(path)) throw Error("model directory " + dir + ": config.json is a directory, not a file");
   std::ifstream in(path);
   if (!in) throw Error("model directory " + dir + " has no config.json");
   std::stringstream text;

@@ -62,6 +62,8 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  // A directory opens as a stream on Linux and then reads as garbage sizes: refuse it first.
+  if (std::filesystem::is_directory(path)) fail(path, "is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, "cannot open");
   in.seekg(0, std::ios::end);
@@ -200,6 +202,7 @@ SafetensorsArchive SafetensorsArchive::open_dir(const std::string& dir) {
 
   std::vector<std::string> shard_names;
   std::map<std::string, std::string> weight_map;  // from the index: tensor -> shard
+  if (fs::is_directory(index_path)) throw Error("checkpoint index " + index_path.string() + " is a directory, not a file");
   if (fs::exists(index_path)) {
     std::ifstream in(index_path);
     json index;

@@ -76,5 +76,21 @@ TEST(Recipe, BadNamesAreClearErrors) {
   EXPECT_NE(message("bf16,,fp8").find("empty entry"), std::string::npos);
 }
 
+TEST(Recipe, RepeatedSwitchHasItsOwnMessage) {
+  for (const std::string spec : {"nvfp4:no-sink,no-sink", "nvfp4-native:no-dualq+no-pscale+no-dualq",
+                                 "nvfp4:no-rotate,no-search,no-rotate"}) {
+    try {
+      parse_recipe_list(spec);
+      ADD_FAILURE() << "no error for " << spec;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("given twice"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find("does not apply"), std::string::npos) << msg;
+    }
+  }
+  // Distinct switches are still fine.
+  EXPECT_EQ(parse_recipe("nvfp4:no-sink,no-recent").name, "nvfp4:no-sink,no-recent");
+}
+
 }  // namespace
 }  // namespace fp4kv

@@ -331,6 +331,26 @@ TEST_F(Qwen3LoadErrors, HeaderLengthBeyondFileSize) {
   load_expect({"model.safetensors", "header length 1099511627776 exceeds the file size"});
 }
 
+TEST_F(Qwen3LoadErrors, DirectoriesWhereFilesBelong) {
+  write();
+  fs::remove(dir / "model.safetensors");
+  fs::create_directories(dir / "model.safetensors");
+  load_expect({"model.safetensors", "is a directory"});
+
+  fs::remove(dir / "config.json");
+  fs::create_directories(dir / "config.json");
+  load_expect({"config.json", "is a directory"});
+
+  TempDir sharded;
+  write_text(sharded / "config.json", config.dump());
+  fs::create_directories(sharded / "model.safetensors.index.json");
+  expect_error([&] { Qwen3Model::load(sharded.str()); }, {"model.safetensors.index.json", "is a directory"});
+
+  // A file given as the model directory.
+  write_text(sharded / "plain.txt", "x");
+  expect_error([&] { Qwen3Config::load_dir(sharded / "plain.txt"); }, {"plain.txt", "is not a directory"});
+}
+
 TEST_F(Qwen3LoadErrors, NonFiniteWeight) {
   for (RawTensor& t : tensors) {
     if (t.name == "model.norm.weight") {

@@ -13,9 +13,12 @@ struct CliResult {
   std::string output;  // stdout and stderr together
 };
 
-inline CliResult run_cli(const std::string& args) {
+inline std::string cli_path() { return FP4KV_CLI; }
+
+// Runs a shell command line (sh -c), capturing stdout and stderr together.
+inline CliResult run_cli_in_shell(const std::string& command) {
   CliResult r;
-  const std::string cmd = std::string(FP4KV_CLI) + " " + args + " 2>&1";
+  const std::string cmd = "(" + command + ") 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf;
@@ -25,5 +28,7 @@ inline CliResult run_cli(const std::string& args) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+inline CliResult run_cli(const std::string& args) { return run_cli_in_shell(cli_path() + " " + args); }
 
 }  // namespace fp4kv::test
