@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device call for issue 6: unpack the carried binaries, SASS counts, the GPU tests,
+# One device call: unpack the carried binaries, SASS counts, the GPU tests,
 # the PyTorch SDPA baseline and the `fp4kv bench decode` sweep (SDPA column merged). The
 # Nsight Compute counters are bench/ncu_decode.sh. Logs and results go to $OUT.
 #   bench/device_perf.sh .devbin/perf.tar.xz [full|tests|bench] [extra bench args...]
@@ -45,4 +45,6 @@ if [ "$WHAT" != tests ]; then
   timeout 380 $B/fp4kv_bench bench decode --runs 15 --sdpa "$OUT"/sdpa.json --json "$OUT"/bench.json \
     --markdown "$OUT"/bench.md --svg "$OUT"/bench.svg $CTX "$@" > "$OUT"/bench.log 2>&1
   echo "bench rc=$?"; head -1 "$OUT"/bench.log; grep -E " (131072|4096) " "$OUT"/bench.log | grep -E "qwen3-4b" | head -70
+  # The docs/PERF.md tables from the sweep's JSON (`fp4kv bench-report` re-renders it anywhere).
+  $B/fp4kv_bench bench-report --json "$OUT"/bench.json --perf-tables "$OUT"/perf_tables.md; echo "report rc=$?"
 fi

@@ -1,9 +1,11 @@
-// `fp4kv bench decode`: decode-attention speed sweep on the GPU (issue 6). For each point
+// `fp4kv bench decode`: decode-attention speed sweep on the GPU. For each point
 // (shape x context x batch x preset): median of CUDA-event-timed runs over rotated cache
 // copies (cold L2), the KV bytes actually read, TB/s, the fraction of the read bandwidth
 // measured in the same run by a streaming-read kernel, and the speedup over our bf16 kernel
-// (and over PyTorch SDPA when its JSON from bench/sdpa_baseline.py is given). Writes a
-// markdown table, JSON and an SVG plot of speedup against context.
+// (and over PyTorch SDPA when its JSON from bench/sdpa_baseline.py is given). This file only
+// measures and writes the sweep as JSON; the markdown table and the SVG plot of speedup
+// against context are rendered from that JSON by bench/report.h (as `fp4kv bench-report`
+// does), so there is one renderer. Output paths are checked before any measurement.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,9 +21,11 @@
 #include <string>
 #include <vector>
 
+#include "bench/report.h"
 #include "fp4kv/attention/bench_support.h"
 #include "fp4kv/attention/decode.h"
 #include "fp4kv/core/error.h"
+#include "fp4kv/core/output_file.h"
 #include "tools/commands.h"
 
 namespace fp4kv::cli {
@@ -204,74 +208,6 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
   return pt;
 }
 
-std::string fmt(const char* f, double x) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, x);
-  return b;
-}
-
-// Speedup over our bf16 kernel against context, one panel per (shape, batch), one line per preset.
-void write_svg(const std::string& path, const std::vector<Point>& pts, const std::vector<Shape>& shapes,
-               const std::vector<int>& batches, const std::vector<int>& ctxs, const std::vector<std::string>& presets,
-               const std::string& title) {
-  const int pw = 260, ph = 200, ml = 50, mt = 40, gap = 30;
-  const int W = ml + int(batches.size()) * (pw + gap) + 150, Hh = mt + int(shapes.size()) * (ph + gap + 20) + 20;
-  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"};
-  double ymax = 1.0;
-  for (const auto& p : pts)
-    if (!p.skipped) ymax = std::max({ymax, p.x_bf16, p.x_sdpa});
-  ymax = std::ceil(ymax);
-  std::ofstream o(path);
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << Hh
-    << "\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  o << "<text x=\"" << ml << "\" y=\"18\" font-size=\"14\">" << title << "</text>\n";
-  std::vector<std::string> lines = presets;
-  lines.erase(std::remove(lines.begin(), lines.end(), std::string("bf16")), lines.end());
-  lines.push_back("sdpa");
-  const double lx0 = std::log2(double(ctxs.front())), lx1 = std::log2(double(ctxs.back()));
-  for (size_t si = 0; si < shapes.size(); ++si)
-    for (size_t bi = 0; bi < batches.size(); ++bi) {
-      const int x0 = ml + int(bi) * (pw + gap), y0 = mt + int(si) * (ph + gap + 20);
-      o << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << pw << "\" height=\"" << ph
-        << "\" fill=\"none\" stroke=\"#999\"/>\n";
-      o << "<text x=\"" << x0 + 4 << "\" y=\"" << y0 - 4 << "\">" << shapes[si].name << ", batch " << batches[bi]
-        << "</text>\n";
-      auto X = [&](int c) { return x0 + (lx1 > lx0 ? (std::log2(double(c)) - lx0) / (lx1 - lx0) : 0.5) * pw; };
-      auto Y = [&](double v) { return y0 + ph - v / ymax * ph; };
-      for (int t = 0; t <= int(ymax); ++t) {
-        o << "<line x1=\"" << x0 << "\" x2=\"" << x0 + pw << "\" y1=\"" << Y(t) << "\" y2=\"" << Y(t)
-          << "\" stroke=\"" << (t == 1 ? "#444" : "#eee") << "\"/>\n";
-        if (bi == 0) o << "<text x=\"" << x0 - 8 << "\" y=\"" << Y(t) + 4 << "\" text-anchor=\"end\">" << t << "x</text>\n";
-      }
-      for (int c : ctxs)
-        o << "<text x=\"" << X(c) << "\" y=\"" << y0 + ph + 14 << "\" text-anchor=\"middle\">" << c / 1024
-          << "K</text>\n";
-      for (size_t li = 0; li < lines.size(); ++li) {
-        std::string d;
-        for (int c : ctxs)
-          for (const auto& p : pts)
-            if (!p.skipped && p.shape == shapes[si].name && p.batch == batches[bi] && p.context == c &&
-                (lines[li] == "sdpa" ? (p.preset == "bf16" && p.x_sdpa > 0) : p.preset == lines[li])) {
-              const double v = lines[li] == "sdpa" ? (p.sdpa_us > 0 ? p.us / p.sdpa_us : 0) : p.x_bf16;
-              d += (d.empty() ? "M" : " L") + fmt("%.1f", X(c)) + "," + fmt("%.1f", Y(v));
-            }
-        if (!d.empty())
-          o << "<path d=\"" << d << "\" fill=\"none\" stroke=\"" << colors[li % 9] << "\" stroke-width=\"1.6\""
-            << (lines[li] == "sdpa" ? " stroke-dasharray=\"4,3\"" : "") << "/>\n";
-      }
-    }
-  const int lx = ml + int(batches.size()) * (pw + gap);
-  for (size_t li = 0; li < lines.size(); ++li) {
-    const int y = mt + 10 + int(li) * 16;
-    o << "<line x1=\"" << lx << "\" x2=\"" << lx + 20 << "\" y1=\"" << y << "\" y2=\"" << y << "\" stroke=\""
-      << colors[li % 9] << "\" stroke-width=\"2\"" << (lines[li] == "sdpa" ? " stroke-dasharray=\"4,3\"" : "")
-      << "/>\n<text x=\"" << lx + 26 << "\" y=\"" << y + 4 << "\">"
-      << (lines[li] == "sdpa" ? "PyTorch SDPA bf16" : lines[li]) << "</text>\n";
-  }
-  o << "<text x=\"" << lx << "\" y=\"" << mt + 20 + int(lines.size()) * 16
-    << "\">y: speedup over our bf16 kernel</text>\n</svg>\n";
-}
-
 // A comma-separated list of positive integers (contexts, batches).
 std::vector<int> positive_ints(const std::string& csv, const char* what) {
   std::vector<int> out;
@@ -299,6 +235,9 @@ int run_bench(const BenchArgs& A) {
   const auto presets = split_csv(A.presets);
   require(!presets.empty(), "bench: no presets given");
   for (const auto& pr : presets) (void)parse_recipe(pr);  // fail early on a bad name
+  check_output_writable(A.json, "--json");
+  check_output_writable(A.markdown, "--markdown");
+  check_output_writable(A.svg, "--svg");
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     (void)cudaGetLastError();
@@ -387,29 +326,12 @@ int run_bench(const BenchArgs& A) {
     }
     j["points"].push_back(e);
   }
-  std::ofstream(A.json) << j.dump(1) << "\n";
-  std::ofstream md(A.markdown);
-  md << "Decode attention, one layer, " << date << ", " << prop.name << " (" << sms << " SMs). Streaming read "
-     << fmt("%.2f", read_tbs) << " TB/s, device copy " << fmt("%.2f", copy_tbs)
-     << " TB/s (read + write), measured in the same run. Median of " << A.runs
-     << " CUDA-event-timed runs over rotated cache copies. KV MB: pool pages plus BF16 sink/recent rows read. "
-        "x bf16: our bf16 kernel's time over this one; x SDPA: PyTorch SDPA bf16 time over this one.\n\n";
-  md << "| shape | context | batch | preset | time (us) | KV MB | TB/s | % of read BW | x bf16 | SDPA bf16 (us) | x SDPA | splits |\n";
-  md << "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
-  for (const auto& p : pts) {
-    if (p.skipped) {
-      md << "| " << p.shape << " | " << p.context << " | " << p.batch << " | " << p.preset << " | " << p.note
-         << " | | | | | | | |\n";
-      continue;
-    }
-    md << "| " << p.shape << " | " << p.context / 1024 << "K | " << p.batch << " | " << p.preset << " | "
-       << fmt("%.1f", p.us) << " | " << fmt("%.1f", p.bytes / 1e6) << " | " << fmt("%.2f", p.tbs) << " | "
-       << fmt("%.0f%%", 100 * p.frac) << " | " << fmt("%.2f", p.x_bf16) << " | "
-       << (p.sdpa_us > 0 ? fmt("%.1f", p.sdpa_us) : std::string("-")) << " | "
-       << (p.sdpa_us > 0 ? fmt("%.2f", p.x_sdpa) : std::string("-")) << " | " << p.splits << " |\n";
-  }
-  write_svg(A.svg, pts, shapes, batches, ctxs, presets,
-            std::string("fp4kv decode attention: speedup over our bf16 kernel, ") + prop.name + ", " + date);
+  // Rendered from the JSON text itself, as `fp4kv bench-report` renders it.
+  const std::string json_text = j.dump(1) + "\n";
+  write_output_file(A.json, json_text, "--json");
+  const bench::Sweep sweep = bench::parse_sweep(json_text, A.json);
+  write_output_file(A.markdown, bench::sweep_markdown(sweep), "--markdown");
+  write_output_file(A.svg, bench::speedup_svg(sweep), "--svg");
   std::printf("wrote %s, %s, %s\n", A.markdown.c_str(), A.json.c_str(), A.svg.c_str());
   return 0;
 }

@@ -11,6 +11,7 @@
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/transform.h"
 #include "fp4kv/core/parallel.h"
+#include "fp4kv/ref/softmax_state.h"
 
 extern "C" void openblas_set_num_threads(int);
 extern "C" int openblas_get_num_threads(void);
@@ -31,24 +32,8 @@ void gemm_ab(int m, int n, int k, const float* a, const float* b, float* c) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
 }
 
-// Running state of one split of one query row.
-struct Split {
-  float m = kNegInf;
-  double l = 0.0;
-  std::vector<float> o;  // unnormalized, [d]
-};
-
-// Merges splits by log-sum-exp into out[d]; log2c is the P factor folded into the
-// quantized split's exp2.
-void merge(const Split& a, float a_log2c, const Split& b, int d, float* out) {
-  const double la = a.l > 0 ? double(a.m) + std::log2(a.l) - a_log2c : -INFINITY;
-  const double lb = b.l > 0 ? double(b.m) + std::log2(b.l) : -INFINITY;
-  const double big = std::max(la, lb);
-  const double wa = a.l > 0 ? std::exp2(la - big) / a.l : 0.0, wb = b.l > 0 ? std::exp2(lb - big) / b.l : 0.0;
-  const double wsum = (a.l > 0 ? std::exp2(la - big) : 0.0) + (b.l > 0 ? std::exp2(lb - big) : 0.0);
-  for (int c = 0; c < d; ++c)
-    out[c] = float(((a.l > 0 ? wa * a.o[c] : 0.0) + (b.l > 0 ? wb * b.o[c] : 0.0)) / wsum);
-}
+// Running state of one split of one query row; o in float, as the BLAS products fill it.
+using Split = ref::SoftmaxPartial<float>;
 
 }  // namespace
 
@@ -116,6 +101,7 @@ void window_attention(const float* q, int G, int nq, const float* k, const float
     std::vector<Split> qsplit(rows), bsplit(rows);
     for (int rr = 0; rr < rows; ++rr) {
       qsplit[rr].o.assign(d, 0.0f);
+      qsplit[rr].log2c = log2c;
       bsplit[rr].o.assign(d, 0.0f);
     }
 
@@ -133,9 +119,8 @@ void window_attention(const float* q, int G, int nq, const float* k, const float
           const int first = (j == 0) ? Lfirst.masked_prefix : 0;
           float tmax = kNegInf;
           for (int t = first; t < P; ++t) tmax = std::max(tmax, srow[j * P + t]);
-          const float m_new = std::max(sp.m, tmax);
-          const double alpha = sp.m == kNegInf ? 0.0 : std::exp2(double(sp.m) - double(m_new));
-          sp.m = m_new;
+          const double alpha = sp.raise_max(tmax);
+          const float m_new = sp.m;
           double psum = 0;
           for (int t = 0; t < P; ++t) {
             pbuf[t] = t < first ? 0.0f : std::exp2f((srow[j * P + t] - m_new) + log2c);
@@ -240,7 +225,9 @@ void window_attention(const float* q, int G, int nq, const float* k, const float
     for (int h = 0; h < G; ++h)
       for (int i = 0; i < nb; ++i) {
         const int rr = h * nb + i;
-        merge(qsplit[rr], log2c, bsplit[rr], d, out + (size_t(h) * nq + i0 + i) * d);
+        const ref::MergedSoftmax merged = ref::merge(qsplit[rr], bsplit[rr], d);
+        float* row = out + (size_t(h) * nq + i0 + i) * d;
+        for (int c = 0; c < d; ++c) row[c] = float(merged.o[c]);
       }
     if (stats) {
       std::lock_guard<std::mutex> lock(stats_mutex);

@@ -10,6 +10,7 @@
 #include "fp4kv/core/half.h"
 #include "fp4kv/core/operand_quant.h"
 #include "fp4kv/core/transform.h"
+#include "fp4kv/ref/softmax_state.h"
 
 namespace fp4kv::ref {
 
@@ -123,13 +124,9 @@ std::vector<QueryOperand> make_query_operands(const float* q, int G, int d, cons
   return ops;
 }
 
-// Running state of one split for one head: unnormalized output, running max, row sum.
-struct SplitState {
-  std::vector<double> o;
-  float m = kNegInf;
-  double l = 0.0;
-  float log2c = 0.0f;  // log2 of the P scaling factor folded into exp2 (0 or 3)
-};
+// Running state of one split for one head, in double (log2c: 0, or 3 when the P scaling
+// factor c = 8 is folded into exp2).
+using SplitState = SoftmaxPartial<double>;
 
 // Logit of quantized key `i` of `page`: ((sum_t dot_t * g_t) * g_K) * gamma.
 float page_logit(const QueryOperand& op, const QuantPage& page, int i, float gamma) {
@@ -223,9 +220,8 @@ void process_page(const QueryOperand& op, const QuantPage& page, int first, int 
     tile_max = std::max(tile_max, s[i]);
   }
   if (tile_max == kNegInf) return;
-  const float m_new = std::max(st.m, tile_max);
-  const double alpha = st.m == kNegInf ? 0.0 : std::exp2(double(st.m) - double(m_new));
-  st.m = m_new;
+  const double alpha = st.raise_max(tile_max);
+  const float m_new = st.m;
 
   // p_i = exp2(S_i - m + log2 c); the row sum uses the unquantized p.
   std::vector<float> p(P, 0.0f), pq(P, 0.0f);
@@ -334,29 +330,17 @@ AttentionOutput quantized_attention(const float* q, int G, const HeadCacheView& 
     process_bf16(ops[h], view, gamma, bf);
     splits.push_back(std::move(bf));
 
-    // Log-sum-exp merge (base 2): lse_s = m_s + log2(l_s / c).
-    double big = -std::numeric_limits<double>::infinity();
-    std::vector<double> lse2(splits.size(), big);
-    for (size_t s = 0; s < splits.size(); ++s) {
-      if (splits[s].l > 0.0) lse2[s] = double(splits[s].m) + std::log2(splits[s].l) - splits[s].log2c;
-      big = std::max(big, lse2[s]);
-    }
-    double wsum = 0.0;
-    std::vector<double> o(d, 0.0);
-    for (size_t s = 0; s < splits.size(); ++s) {
-      if (splits[s].l <= 0.0) continue;
-      const double w = std::exp2(lse2[s] - big);
-      wsum += w;
-      for (int c = 0; c < d; ++c) o[c] += w * splits[s].o[c] / splits[s].l;
-    }
-    for (int c = 0; c < d; ++c) res.out[size_t(h) * d + c] = float(o[c] / wsum);
+    std::vector<const SplitState*> parts;
+    for (const SplitState& st : splits) parts.push_back(&st);
+    const MergedSoftmax merged = merge<double>(parts, d);
+    for (int c = 0; c < d; ++c) res.out[size_t(h) * d + c] = float(merged.o[c]);
     double shift = 0.0;  // q.mu_k / sqrt(d), removed from every logit by smoothing
     if (r.smooth_keys && view.mu_k) {
       for (int c = 0; c < d; ++c)
         shift += double(is_finite(q[size_t(h) * d + c]) ? q[size_t(h) * d + c] : 0.0f) * double(view.mu_k[c]);
       shift /= std::sqrt(double(d));
     }
-    res.lse[h] = float((big + std::log2(wsum)) * 0.69314718055994531 + shift);
+    res.lse[h] = merged.lse(shift);
   }
   return res;
 }
