@@ -12,18 +12,12 @@
 #include <vector>
 
 #include "fp4kv/cache/kv_cache.h"
+#include "fp4kv/testing/cuda_testing.h"
 
 using namespace fp4kv;
 using namespace fp4kv::cache;
 
 namespace {
-
-void ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
 
 float* random_device(size_t n, unsigned seed) {
   std::vector<float> h(n);
@@ -31,23 +25,23 @@ float* random_device(size_t n, unsigned seed) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (auto& x : h) x = nd(rng);
   float* d = nullptr;
-  ok(cudaMalloc((void**)&d, n * sizeof(float)), "malloc");
-  ok(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy");
+  FP4KV_CUDA_OK(cudaMalloc((void**)&d, n * sizeof(float)));
+  FP4KV_CUDA_OK(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   return d;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const std::string spec = argc > 1 ? argv[1] : "nvfp4";
   const int context = argc > 2 ? std::stoi(argv[2]) : 1000;
   const int L = 36, H = 8, d = 128, max_pages = (context + 256) / 128 + 1;
   const Recipe recipe = parse_recipe(spec);
   cudaStream_t s;
-  ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  FP4KV_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
-  ok(cudaEventCreate(&e0), "event");
-  ok(cudaEventCreate(&e1), "event");
+  FP4KV_CUDA_OK(cudaEventCreate(&e0));
+  FP4KV_CUDA_OK(cudaEventCreate(&e1));
   std::printf("recipe %s, %d layers, %d KV heads, d %d\n", recipe.name.c_str(), L, H, d);
 
   // ---- prefill: 1024-token chunks, all layers ----
@@ -67,18 +61,18 @@ int main(int argc, char** argv) {
     std::vector<int32_t> rows(64);
     for (int i = 0; i < 64; ++i) rows[i] = i;
     int32_t* drows = nullptr;
-    ok(cudaMalloc((void**)&drows, rows.size() * 4), "malloc");
-    ok(cudaMemcpy(drows, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice), "copy");
+    FP4KV_CUDA_OK(cudaMalloc((void**)&drows, rows.size() * 4));
+    FP4KV_CUDA_OK(cudaMemcpy(drows, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
     std::vector<float> times;
     for (int rep = 0; rep < 12; ++rep) {
       const int r = rep % 8;  // request r owns blocks 8r .. 8r+7
-      ok(cudaEventRecord(e0, s), "record");
+      FP4KV_CUDA_OK(cudaEventRecord(e0, s));
       cache.begin_prefill(drows + 8 * r, 0, n, s);
       for (int l = 0; l < L; ++l) cache.prefill(l, k, v, s);
-      ok(cudaEventRecord(e1, s), "record");
-      ok(cudaEventSynchronize(e1), "sync");
+      FP4KV_CUDA_OK(cudaEventRecord(e1, s));
+      FP4KV_CUDA_OK(cudaEventSynchronize(e1));
       float ms = 0;
-      ok(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+      FP4KV_CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
       if (rep >= 2) times.push_back(ms);
       cache.release(rows[8 * r], s);
     }
@@ -104,10 +98,10 @@ int main(int argc, char** argv) {
     std::vector<int32_t> bt(size_t(batch) * max_pages);
     for (size_t i = 0; i < bt.size(); ++i) bt[i] = int32_t(i);
     int32_t *dbt = nullptr, *dsl = nullptr, *hsl = nullptr;
-    ok(cudaMalloc((void**)&dbt, bt.size() * 4), "malloc");
-    ok(cudaMalloc((void**)&dsl, batch * 4), "malloc");
-    ok(cudaMallocHost((void**)&hsl, batch * 4), "malloc host");
-    ok(cudaMemcpy(dbt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice), "copy");
+    FP4KV_CUDA_OK(cudaMalloc((void**)&dbt, bt.size() * 4));
+    FP4KV_CUDA_OK(cudaMalloc((void**)&dsl, batch * 4));
+    FP4KV_CUDA_OK(cudaMallocHost((void**)&hsl, batch * 4));
+    FP4KV_CUDA_OK(cudaMemcpy(dbt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
     // Prefill every row to `context` tokens (lengths staggered by row when asked).
     float* pk = random_device(size_t(context) * H * d, 3);
     float* pv = random_device(size_t(context) * H * d, 4);
@@ -120,24 +114,24 @@ int main(int argc, char** argv) {
     }
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
+    FP4KV_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     cache.begin_step(dbt, dsl, batch, max_pages, s);
     for (int l = 0; l < L; ++l) cache.append(l, k[l], v[l], s);
     cache.end_step(s);
-    ok(cudaStreamEndCapture(s, &graph), "capture");
-    ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    FP4KV_CUDA_OK(cudaStreamEndCapture(s, &graph));
+    FP4KV_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     // Lock-step lengths context+1, ...: every row promotes in the same step once per 128.
     std::vector<float> plain, promoting;
     for (int step = 0; step < 200; ++step) {
       const int n = context + 1 + step;
       for (int r = 0; r < batch; ++r) hsl[r] = n;
-      ok(cudaMemcpyAsync(dsl, hsl, batch * 4, cudaMemcpyHostToDevice, s), "lens");
-      ok(cudaEventRecord(e0, s), "record");
-      ok(cudaGraphLaunch(exec, s), "graph");
-      ok(cudaEventRecord(e1, s), "record");
-      ok(cudaEventSynchronize(e1), "sync");
+      FP4KV_CUDA_OK(cudaMemcpyAsync(dsl, hsl, batch * 4, cudaMemcpyHostToDevice, s));
+      FP4KV_CUDA_OK(cudaEventRecord(e0, s));
+      FP4KV_CUDA_OK(cudaGraphLaunch(exec, s));
+      FP4KV_CUDA_OK(cudaEventRecord(e1, s));
+      FP4KV_CUDA_OK(cudaEventSynchronize(e1));
       float ms = 0;
-      ok(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+      FP4KV_CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
       if (step >= 3) (n % 128 == 0 ? promoting : plain).push_back(ms);
     }
     std::sort(plain.begin(), plain.end());
@@ -160,4 +154,13 @@ int main(int argc, char** argv) {
     cudaFreeHost(hsl);
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fp4kv_cache_bench: %s\n", e.what());
+    return 1;
+  }
 }

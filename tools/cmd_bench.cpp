@@ -22,29 +22,23 @@
 #include <vector>
 
 #include "bench/report.h"
-#include "fp4kv/attention/bench_support.h"
 #include "fp4kv/attention/decode.h"
+#include "fp4kv/cache/cuda_check.h"
+#include "fp4kv/cache/split_plan.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/output_file.h"
+#include "fp4kv/testing/bench_support.h"
+#include "fp4kv/testing/cuda_testing.h"
+#include "fp4kv/testing/host_step_plan.h"
 #include "tools/commands.h"
 
 namespace fp4kv::cli {
 
 namespace {
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("bench: ") + what + ": " + cudaGetErrorString(e));
-}
-
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  Dev() = default;
-  explicit Dev(size_t n) { ck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-};
+using cache::cuda_check;
+using testing::DeviceBuffer;
+using testing::median_event_us;
 
 std::vector<std::string> split_csv(const std::string& s) {
   std::vector<std::string> out;
@@ -86,37 +80,21 @@ struct Point {
   std::string note;
 };
 
-template <class F>
-double median_us(int runs, F&& run) {
-  std::vector<cudaEvent_t> ev(2 * runs);
-  for (auto& e : ev) ck(cudaEventCreate(&e), "event");
-  for (int i = 0; i < runs; ++i) {
-    ck(cudaEventRecord(ev[2 * i]), "event");
-    run(i);
-    ck(cudaEventRecord(ev[2 * i + 1]), "event");
-  }
-  ck(cudaDeviceSynchronize(), "sync");
-  ck(cudaGetLastError(), "launch");
-  std::vector<float> t(runs);
-  for (int i = 0; i < runs; ++i) ck(cudaEventElapsedTime(&t[i], ev[2 * i], ev[2 * i + 1]), "elapsed");
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(t.begin(), t.end());
-  return double(t[runs / 2]) * 1e3;
-}
-
 // Read bandwidth (streaming loads over 4 GiB) and device-copy bandwidth (read + write).
 void measure_bandwidth(double& read_tbs, double& copy_tbs) {
   const size_t bytes = size_t(4) << 30;
-  Dev<uint8_t> buf(bytes);
-  Dev<unsigned long long> sink(1);
-  ck(cudaMemset(buf.p, 1, bytes), "memset");
-  for (int i = 0; i < 3; ++i) attention::bench::stream_read(buf.p, bytes, sink.p);
-  read_tbs = double(bytes) / (median_us(15, [&](int) { attention::bench::stream_read(buf.p, bytes, sink.p); }) * 1e-6) / 1e12;
+  DeviceBuffer<uint8_t> buf(bytes);
+  DeviceBuffer<unsigned long long> sink(1);
+  buf.fill_bytes(1);
+  for (int i = 0; i < 3; ++i) testing::stream_read(buf.get(), bytes, sink.get());
+  read_tbs = double(bytes) / (median_event_us(15, [&](int) { testing::stream_read(buf.get(), bytes, sink.get()); }) * 1e-6) / 1e12;
   const size_t half = bytes / 2;
-  for (int i = 0; i < 2; ++i) ck(cudaMemcpyAsync(buf.p + half, buf.p, half, cudaMemcpyDeviceToDevice), "copy");
-  copy_tbs =
-      2.0 * double(half) /
-      (median_us(15, [&](int) { cudaMemcpyAsync(buf.p + half, buf.p, half, cudaMemcpyDeviceToDevice); }) * 1e-6) / 1e12;
+  for (int i = 0; i < 2; ++i)
+    cuda_check(cudaMemcpyAsync(buf.get() + half, buf.get(), half, cudaMemcpyDeviceToDevice), "bench: copy");
+  copy_tbs = 2.0 * double(half) /
+             (median_event_us(15, [&](int) { cudaMemcpyAsync(buf.get() + half, buf.get(), half, cudaMemcpyDeviceToDevice); }) *
+              1e-6) /
+             1e12;
 }
 
 Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, const BenchArgs& A, int sms) {
@@ -129,7 +107,7 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
   const int d = s.d, H = s.kv_heads, QH = s.q_heads;
   const cache::PageLayout L = cache::PageLayout::make(r.kv, d);
   const long long stride = (long long)L.bytes * H;
-  const int pages = std::max(1, attention::attended_pages(ctx, r));
+  const int pages = std::max(1, cache::attended_pages(ctx, r));
   const bool slots_used = attention::uses_slot_buffer(r);
   const DecodeLayout lay = decode_layout(ctx, true, r.kv != KvFormat::bf16 && r.bf16_sink, r.kv != KvFormat::bf16 && r.bf16_recent);
   const int bf16_tokens = r.kv == KvFormat::bf16 ? 0 : lay.bf16_tokens();
@@ -138,7 +116,7 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
   pt.bytes = double(batch) * (double(pages) * stride + slot_bytes_read);
   const size_t slot_row_elems = size_t(H) * 2 * cache::kSlotRows * d;  // one slot
   size_t free_b = 0, total_b = 0;
-  ck(cudaMemGetInfo(&free_b, &total_b), "meminfo");
+  cuda_check(cudaMemGetInfo(&free_b, &total_b), "bench: cudaMemGetInfo");
   const double margin = 2.0e9 + double(batch) * QH * (A.max_splits + 2) * (d + 1) * 4.0;
   int copies = int(std::max(1.0, std::ceil(A.rotate_gb * 1e9 / (copy_bytes + batch * slot_row_elems * 2.0))));
   while (copies > 1 && copies * (copy_bytes + batch * slot_row_elems * 2.0) > double(free_b) - margin) --copies;
@@ -152,58 +130,60 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
   }
   pt.copies = copies;
   const long long nblocks = (long long)batch * pages * copies;
-  Dev<uint8_t> pool(size_t(nblocks) * stride);
-  attention::bench::fill_random_pages(pool.p, nblocks, stride, H, L, 0x1234u + ctx + batch);
+  DeviceBuffer<uint8_t> pool(size_t(nblocks) * stride);
+  testing::fill_random_pages(pool.get(), nblocks, stride, H, L, 0x1234u + ctx + batch);
   const int nslots = slots_used ? batch * copies : 1;
-  Dev<uint16_t> slots(size_t(nslots) * slot_row_elems);
-  if (slots_used) attention::bench::fill_random_bf16(slots.p, size_t(nslots) * slot_row_elems, 77);
+  DeviceBuffer<uint16_t> slots(size_t(nslots) * slot_row_elems);
+  if (slots_used) testing::fill_random_bf16(slots.get(), size_t(nslots) * slot_row_elems, 77);
   std::vector<int32_t> tables(size_t(copies) * batch * pages);
   for (size_t i = 0; i < tables.size(); ++i) tables[i] = int32_t(i);
-  Dev<int32_t> dtab(tables.size()), dlen(batch);
-  ck(cudaMemcpy(dtab.p, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice), "upload");
-  const std::vector<int32_t> lens(batch, ctx);
-  ck(cudaMemcpy(dlen.p, lens.data(), batch * 4, cudaMemcpyHostToDevice), "upload");
-  Dev<float> q(size_t(batch) * QH * d), out(size_t(batch) * QH * d), lse(size_t(batch) * QH), mu(size_t(H) * d);
-  attention::bench::fill_random_float(q.p, size_t(batch) * QH * d, 2.0f, 5);
-  attention::bench::fill_random_float(mu.p, size_t(H) * d, 0.5f, 6);
-  attention::DecodeParams p;
-  p.pool = pool.p;
-  p.block_stride = stride;
-  p.layout = L;
-  p.kv_heads = H;
-  p.q_heads = QH;
-  p.head_dim = d;
-  p.slot_buffer = slots.p;
-  p.slots = nslots;
-  p.mu_k = mu.p;
-  const int target = attention::split_target_ctas(p, r, batch, sms);
+  const DeviceBuffer<int32_t> dtab(tables), dlen(std::vector<int32_t>(batch, ctx));
+  const std::vector<int> lens(batch, ctx);
+  DeviceBuffer<float> q(size_t(batch) * QH * d), out(size_t(batch) * QH * d), lse(size_t(batch) * QH), mu(size_t(H) * d);
+  testing::fill_random_float(q.get(), size_t(batch) * QH * d, 2.0f, 5);
+  testing::fill_random_float(mu.get(), size_t(H) * d, 0.5f, 6);
+  attention::DecodeLayerView layer;
+  layer.format = r.kv;
+  layer.pool = pool.get();
+  layer.block_stride = stride;
+  layer.slot_buffer = slots.get();
+  layer.slots = nslots;
+  layer.mu_k = mu.get();
+  const attention::DecodeGeometry geometry{QH, H, d};
+  // The split target needs the picked kernel's occupancy: a probe object at full capacity.
+  const int target = attention::DecodeAttention(geometry, r, attention::DecodeCapacity{batch, pages, 1})
+                         .split_target_ctas(batch, sms);
   // The grid is sized by the plan's capacity (max_splits + 1 CTAs per row and head): use the
   // splits this point needs as the capacity, so no empty CTAs are launched.
   int cap = 1;
   {
-    attention::HostStepPlan probe(batch, A.max_splits);
-    probe.fill(std::vector<int>(lens.begin(), lens.end()), r, H, A.pages_per_split, {}, target);
+    testing::HostStepPlan probe(batch, A.max_splits);
+    probe.fill(lens, r, H, A.pages_per_split, {}, target);
     for (int x : probe.splits()) cap = std::max(cap, x);
   }
   // One plan per copy: copy c uses slots [c * batch, (c + 1) * batch).
-  std::vector<std::unique_ptr<attention::HostStepPlan>> plans;
+  std::vector<std::unique_ptr<testing::HostStepPlan>> plans;
   const int nplans = slots_used ? copies : 1;
   for (int c = 0; c < nplans; ++c) {
     std::vector<int> sl(batch);
     for (int b = 0; b < batch; ++b) sl[b] = slots_used ? c * batch + b : b;
-    plans.push_back(std::make_unique<attention::HostStepPlan>(batch, cap));
-    plans.back()->fill(std::vector<int>(lens.begin(), lens.end()), r, H, A.pages_per_split, sl, target);
+    plans.push_back(std::make_unique<testing::HostStepPlan>(batch, cap));
+    plans.back()->fill(lens, r, H, A.pages_per_split, sl, target);
   }
   pt.splits = plans[0]->splits()[0];
-  attention::DecodeWorkspace ws(batch, QH, d, cap);
+  attention::DecodeAttention attn(geometry, r, attention::DecodeCapacity{batch, pages, cap});
   auto run = [&](int i) {
     const int c = i % copies;
-    attention::decode_attention(p, r, q.p, dtab.p + size_t(c) * batch * pages, dlen.p, batch, pages,
-                                plans[slots_used ? c : 0]->plan(), ws, out.p, lse.p);
+    attention::DecodeStep step;
+    step.block_tables = dtab.get() + size_t(c) * batch * pages;
+    step.seq_lens = dlen.get();
+    step.batch = batch;
+    step.plan = plans[slots_used ? c : 0]->plan();
+    attn.run(step, layer, q.get(), out.get(), lse.get());
   };
   for (int i = 0; i < 3; ++i) run(i);
-  ck(cudaDeviceSynchronize(), "warm-up");
-  pt.us = median_us(A.runs, [&](int i) { run(i + 1); });
+  cuda_check(cudaDeviceSynchronize(), "bench: warm-up");
+  pt.us = median_event_us(A.runs, [&](int i) { run(i + 1); });
   pt.tbs = pt.bytes / (pt.us * 1e-6) / 1e12;
   return pt;
 }
@@ -244,9 +224,9 @@ int run_bench(const BenchArgs& A) {
     throw Error("bench decode needs a CUDA GPU (sm_90: H100/H200); none is visible here");
   }
   int dev = 0;
-  ck(cudaGetDevice(&dev), "device");
+  cuda_check(cudaGetDevice(&dev), "bench: cudaGetDevice");
   cudaDeviceProp prop;
-  ck(cudaGetDeviceProperties(&prop, dev), "properties");
+  cuda_check(cudaGetDeviceProperties(&prop, dev), "bench: cudaGetDeviceProperties");
   const int sms = prop.multiProcessorCount;
   double read_tbs = 0, copy_tbs = 0;
   measure_bandwidth(read_tbs, copy_tbs);

@@ -1,13 +1,18 @@
-// Host side of the decode attention: checks, dispatch to the kernel instantiations,
-// workspace and host-filled split plans.
+// Host side of the decode attention (decode.h): validation and kernel choice once at
+// construction, the workspace, the fixed kernel arguments; run fills the per-step fields
+// and enqueues the decode and combine kernels.
+//
+// The hot path (run) builds no strings: its checks are integer comparisons that call a
+// cold function to build the message only when they fail.
 #include "fp4kv/attention/decode.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
-#include "fp4kv/attention/kernel_registry.h"
+#include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/transform.h"
 
@@ -15,133 +20,70 @@ namespace fp4kv::attention {
 
 namespace {
 
-void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("decode attention: ") + what + ": " + cudaGetErrorString(e));
-}
+using cache::cuda_check;
+
+// Grid limits of the decode kernel: batch is grid.z (at most 65535 on CUDA devices); the
+// split capacity sizes grid.x and the combine's loops.
+constexpr int kMaxGridBatch = 65535;
+constexpr int kMaxSplitCapacity = 4096;
+// Bulk page copies and vector loads of q need 16-byte alignment.
+constexpr uintptr_t kDeviceAlign = 16;
 
 bool fp4(KvFormat f) { return f == KvFormat::nvfp4 || f == KvFormat::mxfp4; }
+bool supported_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
+bool supported_group(int G) { return G == 1 || G == 2 || G == 4 || G == 8 || G == 16; }
+bool misaligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kDeviceAlign != 0; }
 
-}  // namespace
-
-void check_supported(const DecodeParams& p, const Recipe& r) {
-  const std::string who = "decode attention (recipe '" + r.name + "'): ";
+void check_recipe(const Recipe& r, const std::string& who) {
   require(r.kv != KvFormat::fp32, who + "fp32 is a CPU reference format; the GPU cache stores bf16, fp8, nvfp4 or mxfp4");
   require(r.query != QueryFormat::smooth_fp4,
           who + "the smoothq query variant is a CPU-reference-only comparison (use the dual-residual query)");
   require(r.prob != ProbFormat::fp4_two_level,
           who + "the twolevel P scaling variant is a CPU-reference-only comparison (use underflow-aware P)");
-  require(p.layout.format == r.kv, who + "the cache stores " + to_string(p.layout.format) + " pages but the recipe wants " +
-                                       to_string(r.kv));
-  require(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256,
-          who + "head_dim " + std::to_string(p.head_dim) + " is not supported (64, 128 or 256)");
-  require(p.layout.head_dim == p.head_dim, who + "the page layout is for head_dim " + std::to_string(p.layout.head_dim) +
-                                               ", the params say " + std::to_string(p.head_dim));
-  const cache::PageLayout expect = cache::PageLayout::make(r.kv, p.head_dim);
-  require(p.layout.bytes == expect.bytes && p.layout.v_codes == expect.v_codes && p.layout.page_scales == expect.page_scales,
-          who + "the page layout does not match cache/layout.h for this format and head_dim");
-  require(p.kv_heads >= 1 && p.q_heads >= p.kv_heads && p.q_heads % p.kv_heads == 0,
-          who + "q_heads must be a positive multiple of kv_heads");
-  const int G = p.q_heads / p.kv_heads;
-  require(G == 1 || G == 2 || G == 4 || G == 8 || G == 16,
-          who + "GQA group size " + std::to_string(G) + " is not supported (1, 2, 4, 8 or 16)");
-  require(p.block_stride >= (long long)p.layout.bytes * p.kv_heads && p.block_stride % 16 == 0,
-          who + "block_stride must be a multiple of 16 bytes and at least kv_heads * layout.bytes");
-  require(reinterpret_cast<uintptr_t>(p.pool) % 16 == 0, who + "the pool must be 16-byte aligned (bulk page copies)");
   if (r.native()) {
-    require(fp4(r.kv), who + "native mode (FP4 query and probabilities) needs an nvfp4 or mxfp4 cache");
+    require(fp4(r.kv), who + "native mode (FP4 query and probabilities) needs an nvfp4 or mxfp4 cache, not " +
+                           to_string(r.kv));
     require(r.prob == ProbFormat::fp4_max6 || r.prob == ProbFormat::fp4_underflow,
             who + "native mode needs FP4 probabilities");
   } else {
     require(r.prob == ProbFormat::full, who + "FP4 probabilities need an FP4 query (native mode)");
   }
-  if (uses_slot_buffer(r))
-    require(p.slot_buffer != nullptr && p.slots >= 1, who + "the recipe keeps BF16 sink/recent tokens but no slot buffer is given");
-  if (r.rotate_keys) require(hadamard_supported(p.head_dim), who + "head_dim not supported by the Hadamard transform");
 }
 
-DecodeWorkspace::DecodeWorkspace(int max_batch, int q_heads, int head_dim, int max_splits)
-    : max_batch_(max_batch), q_heads_(q_heads), head_dim_(head_dim), max_splits_(max_splits) {
-  require(max_batch >= 1 && q_heads >= 1 && head_dim >= 1 && max_splits >= 1, "DecodeWorkspace: sizes must be positive");
-  const size_t parts = size_t(max_batch) * q_heads * (max_splits + 1);
-  cuda_check(cudaMalloc(&partial_out_, parts * head_dim * sizeof(float)), "cudaMalloc(partial out)");
-  cuda_check(cudaMalloc(&partial_lse_, parts * sizeof(float)), "cudaMalloc(partial lse)");
+void check_geometry(const DecodeGeometry& g, const Recipe& r, const std::string& who) {
+  require(supported_head_dim(g.head_dim),
+          who + "head_dim " + std::to_string(g.head_dim) + " is not supported (64, 128 or 256)");
+  require(g.kv_heads >= 1, who + "kv_heads " + std::to_string(g.kv_heads) + " must be positive");
+  require(g.q_heads >= g.kv_heads && g.q_heads % g.kv_heads == 0,
+          who + "q_heads " + std::to_string(g.q_heads) + " must be a positive multiple of kv_heads " +
+              std::to_string(g.kv_heads));
+  const int G = g.q_heads / g.kv_heads;
+  require(supported_group(G), who + "GQA group size " + std::to_string(G) + " is not supported (1, 2, 4, 8 or 16)");
+  if (r.rotate_keys)
+    require(hadamard_supported(g.head_dim),
+            who + "head_dim " + std::to_string(g.head_dim) + " is not supported by the Hadamard transform");
 }
 
-DecodeWorkspace::~DecodeWorkspace() {
-  cudaFree(partial_out_);
-  cudaFree(partial_lse_);
+void check_capacity(const DecodeCapacity& c, const std::string& who) {
+  require(c.max_batch >= 1 && c.max_batch <= kMaxGridBatch,
+          who + "max_batch " + std::to_string(c.max_batch) + " outside 1.." + std::to_string(kMaxGridBatch));
+  require(c.max_pages >= 1, who + "max_pages " + std::to_string(c.max_pages) + " must be positive");
+  require(c.max_splits >= 1 && c.max_splits <= kMaxSplitCapacity,
+          who + "max_splits " + std::to_string(c.max_splits) + " outside 1.." + std::to_string(kMaxSplitCapacity));
 }
 
-namespace {
+std::string who_of(const Recipe& r) { return "decode attention (recipe '" + r.name + "'): "; }
 
-using detail::KernelArgs;
-
-detail::DecodeKernel pick(const Recipe& r, int head_dim, int G) {
-  return detail::find_decode_kernel(r.kv, head_dim, detail::operand_mode(r), detail::column_tiles(r, G));
-}
-
-}  // namespace
-
-int decode_ctas_per_sm(const DecodeParams& p, const Recipe& r) {
-  check_supported(p, r);
-  const int G = p.q_heads / p.kv_heads;
-  const detail::DecodeKernel k = pick(r, p.head_dim, G);
-  if (!k || k.configure() != cudaSuccess) return 0;
-  return k.ctas_per_sm(G);
-}
-
-int split_target_ctas(const DecodeParams& p, const Recipe& r, int batch, int sms) {
-  const int resident = std::max(1, decode_ctas_per_sm(p, r)) * sms;
-  const int rows = batch * p.kv_heads;
-  // Whole splits per (row, head), so no split CTA is left for a second wave. The BF16
-  // sink/recent CTAs (one per row and head) are short: give them slots of their own only
-  // when that costs at most one split in eight.
-  const int extra = uses_slot_buffer(r) ? rows : 0;
-  int s = resident / rows;
-  if (s >= 8 && s * rows + extra > resident) s = (resident - extra) / rows;
-  return std::max(1, s) * rows;
-}
-
-void decode_attention(const DecodeParams& p, const Recipe& r, const float* q, const int32_t* block_tables,
-                      const int32_t* seq_lens, int batch, int max_pages, const cache::StepPlan& plan,
-                      DecodeWorkspace& ws, float* out, float* lse, cudaStream_t stream) {
-  check_supported(p, r);
-  require(batch >= 1 && batch <= ws.max_batch(), "decode attention: batch " + std::to_string(batch) +
-                                                     " outside the workspace capacity " + std::to_string(ws.max_batch()));
-  require(batch <= 65535, "decode attention: batch above 65535");
-  require(plan.max_splits >= 1 && plan.max_splits <= ws.max_splits() && plan.max_splits <= 4096,
-          "decode attention: plan.max_splits exceeds the workspace capacity (or 4096)");
-  require(ws.q_heads() == p.q_heads && ws.head_dim() == p.head_dim, "decode attention: workspace geometry differs");
-  require(plan.row_splits && plan.row_pages_per_split, "decode attention: the step plan has no split arrays");
-  require(!uses_slot_buffer(r) || plan.row_slot, "decode attention: the step plan has no slot array");
-  require(q && block_tables && seq_lens && out && max_pages >= 1, "decode attention: null input or output");
-  require(reinterpret_cast<uintptr_t>(q) % 16 == 0, "decode attention: q must be 16-byte aligned (vector loads)");
-
-  const int G = p.q_heads / p.kv_heads;
-
-  KernelArgs a{};
-  a.pool = p.pool;
-  a.block_stride = p.block_stride;
-  a.head_bytes = p.layout.bytes;
-  a.kv_heads = p.kv_heads;
-  a.q_heads = p.q_heads;
-  a.G = G;
-  a.slot_buffer = p.slot_buffer;
-  a.slots = p.slots;
-  a.q = q;
-  a.q_type = detail::IoType::f32;
-  a.block_tables = block_tables;
-  a.seq_lens = seq_lens;
-  a.batch = batch;
-  a.max_pages = max_pages;
-  a.row_slot = plan.row_slot;
-  a.row_splits = plan.row_splits;
-  a.row_pps = plan.row_pages_per_split;
-  a.error_flags = plan.error_flags;
-  a.num_rows = plan.num_rows;
-  a.max_splits = plan.max_splits;
-  a.part_o = ws.partial_out();
-  a.part_lse = ws.partial_lse();
+detail::KernelArgs fixed_decode_args(const DecodeGeometry& g, const Recipe& r, const DecodeCapacity& cap,
+                                     const cache::PageLayout& layout, float* part_o, float* part_lse) {
+  detail::KernelArgs a{};
+  a.head_bytes = layout.bytes;
+  a.kv_heads = g.kv_heads;
+  a.q_heads = g.q_heads;
+  a.G = g.q_heads / g.kv_heads;
+  a.max_pages = cap.max_pages;
+  a.part_o = part_o;
+  a.part_lse = part_lse;
   if (r.kv == KvFormat::bf16) {
     a.qmode = detail::kQBf16;
     a.pmode = detail::kPBf16;
@@ -157,111 +99,199 @@ void decode_attention(const DecodeParams& p, const Recipe& r, const float* q, co
   a.recent = (r.kv != KvFormat::bf16 && r.bf16_recent) ? 1 : 0;
   a.log2c = r.prob == ProbFormat::fp4_underflow ? std::log2(r.c) : 0.0f;
   a.tau = r.tau;
-  a.gamma = log2e_over_sqrt_d(p.head_dim);
+  a.gamma = log2e_over_sqrt_d(g.head_dim);
+  return a;
+}
 
-  const detail::DecodeKernel k = pick(r, p.head_dim, G);
-  require(bool(k), "decode attention: no kernel variant for this combination");
-  cuda_check(k.configure(), "decode kernel shared memory");
-  k.launch(a, stream);
-  cuda_check(cudaGetLastError(), "decode kernel launch");
-
+detail::CombineArgs fixed_combine_args(const detail::KernelArgs& a, const Recipe& r) {
   detail::CombineArgs c{};
-  c.batch = batch;
-  c.q_heads = p.q_heads;
-  c.G = G;
+  c.q_heads = a.q_heads;
+  c.G = a.G;
   c.kv_format = int(r.kv);
   c.sink = a.sink;
   c.recent = a.recent;
-  c.seq_lens = seq_lens;
-  c.row_splits = plan.row_splits;
-  c.row_pps = plan.row_pages_per_split;
-  c.error_flags = plan.error_flags;
-  c.num_rows = plan.num_rows;
-  c.max_splits = plan.max_splits;
-  c.part_o = ws.partial_out();
-  c.part_lse = ws.partial_lse();
-  c.q = q;
-  c.q_type = detail::IoType::f32;
-  c.mu_k = r.smooth_keys ? p.mu_k : nullptr;
-  c.out = out;
-  c.out_type = detail::IoType::f32;
-  c.lse = lse;
-  detail::find_combine_kernel(p.head_dim)(c, stream);
-  cuda_check(cudaGetLastError(), "combine kernel launch");
+  c.part_o = a.part_o;
+  c.part_lse = a.part_lse;
+  return c;
 }
 
-// ---- planning ------------------------------------------------------------------------------
+}  // namespace
 
-int choose_pages_per_split(int pages, int batch, int kv_heads, int max_splits, int target_ctas, int min_pages) {
-  if (pages <= 0) return 1;
-  const int rows = std::max(1, batch * kv_heads);
-  int want = std::max(1, (target_ctas + rows - 1) / rows);
-  want = std::min({want, max_splits, pages});
-  int pps = std::max((pages + want - 1) / want, std::min(min_pages, pages));
-  // never more splits than capacity
-  while ((pages + pps - 1) / pps > max_splits) ++pps;
-  return pps;
+void DecodeAttention::check_supported(const DecodeGeometry& g, const Recipe& r, const DecodeCapacity& c) {
+  const std::string who = who_of(r);
+  check_recipe(r, who);
+  check_geometry(g, r, who);
+  check_capacity(c, who);
+  const int G = g.q_heads / g.kv_heads;
+  require(bool(detail::find_decode_kernel(r.kv, g.head_dim, detail::operand_mode(r), detail::column_tiles(r, G))),
+          who + "no decode kernel instance for " + to_string(r.kv) + ", head_dim " + std::to_string(g.head_dim) +
+              ", G " + std::to_string(G));
+  require(detail::find_combine_kernel(g.head_dim) != nullptr,
+          who + "no combine kernel instance for head_dim " + std::to_string(g.head_dim));
 }
 
-HostStepPlan::HostStepPlan(int max_batch, int max_splits) : max_batch_(max_batch) {
-  require(max_batch >= 1 && max_splits >= 1, "HostStepPlan: sizes must be positive");
-  plan_.max_splits = max_splits;
-  cuda_check(cudaMalloc(&plan_.row_slot, max_batch * sizeof(int32_t)), "cudaMalloc(plan)");
-  cuda_check(cudaMalloc(&plan_.row_splits, max_batch * sizeof(int32_t)), "cudaMalloc(plan)");
-  cuda_check(cudaMalloc(&plan_.row_pages_per_split, max_batch * sizeof(int32_t)), "cudaMalloc(plan)");
-  cuda_check(cudaMalloc(&plan_.row_promote_block, max_batch * sizeof(int32_t)), "cudaMalloc(plan)");
-  cuda_check(cudaMalloc(&plan_.row_pages, max_batch * sizeof(int32_t)), "cudaMalloc(plan)");
-  cuda_check(cudaMalloc(&plan_.num_rows, sizeof(int32_t)), "cudaMalloc(plan)");
-  cuda_check(cudaMalloc(&plan_.error_flags, sizeof(int32_t)), "cudaMalloc(plan)");
-  cuda_check(cudaMemset(plan_.error_flags, 0, sizeof(int32_t)), "cudaMemset(plan)");
-  cuda_check(cudaMemset(plan_.row_promote_block, 0xff, max_batch * sizeof(int32_t)), "cudaMemset(plan)");
-}
-
-HostStepPlan::~HostStepPlan() {
-  cudaFree(plan_.row_slot);
-  cudaFree(plan_.row_splits);
-  cudaFree(plan_.row_pages_per_split);
-  cudaFree(plan_.row_promote_block);
-  cudaFree(plan_.row_pages);
-  cudaFree(plan_.num_rows);
-  cudaFree(plan_.error_flags);
-}
-
-void HostStepPlan::fill(const std::vector<int>& seq_lens, const Recipe& r, int kv_heads, int pages_per_split,
-                        const std::vector<int>& slots, int target_ctas) {
-  const int batch = int(seq_lens.size());
-  require(batch >= 1 && batch <= max_batch_, "HostStepPlan::fill: batch outside capacity");
-  require(slots.empty() || int(slots.size()) == batch, "HostStepPlan::fill: one slot per row");
-  if (target_ctas <= 0) target_ctas = 2 * 132;
-  splits_.assign(batch, 0);
-  pps_.assign(batch, 1);
-  pages_.assign(batch, 0);
-  std::vector<int32_t> slot(batch);
-  for (int b = 0; b < batch; ++b) {
-    const int pages = attended_pages(seq_lens[b], r);
-    pages_[b] = pages;
-    int pps = pages_per_split > 0 ? pages_per_split
-                                  : choose_pages_per_split(pages, batch, kv_heads, plan_.max_splits, target_ctas,
-                                                           cache::min_split_pages(r));
-    if (pages > 0)
-      while ((pages + pps - 1) / pps > plan_.max_splits) ++pps;
-    pps_[b] = std::max(1, pps);
-    splits_[b] = pages > 0 ? (pages + pps_[b] - 1) / pps_[b] : 0;
-    slot[b] = slots.empty() ? b : slots[b];
+DecodeAttention::DecodeAttention(const DecodeGeometry& g, const Recipe& r, const DecodeCapacity& c)
+    : geometry_(g), recipe_(r), capacity_(c) {
+  check_supported(g, r, c);  // no CUDA call before this line
+  const int G = g.q_heads / g.kv_heads;
+  layout_ = cache::PageLayout::make(r.kv, g.head_dim);
+  kernel_ = detail::find_decode_kernel(r.kv, g.head_dim, detail::operand_mode(r), detail::column_tiles(r, G));
+  combine_ = detail::find_combine_kernel(g.head_dim);
+  const size_t parts = size_t(c.max_batch) * g.q_heads * (c.max_splits + 1);
+  try {
+    cuda_check(cudaMalloc(&partial_out_, parts * g.head_dim * sizeof(float)), "decode attention: cudaMalloc(partial out)");
+    cuda_check(cudaMalloc(&partial_lse_, parts * sizeof(float)), "decode attention: cudaMalloc(partial lse)");
+    cuda_check(kernel_.configure(), "decode attention: set the decode kernel's shared-memory limit");
+  } catch (...) {
+    release();
+    throw;
   }
-  cuda_check(cudaMemcpy(plan_.row_slot, slot.data(), batch * sizeof(int32_t), cudaMemcpyHostToDevice), "plan upload");
-  cuda_check(cudaMemcpy(plan_.row_splits, splits_.data(), batch * sizeof(int32_t), cudaMemcpyHostToDevice), "plan upload");
-  cuda_check(cudaMemcpy(plan_.row_pages_per_split, pps_.data(), batch * sizeof(int32_t), cudaMemcpyHostToDevice),
-             "plan upload");
-  cuda_check(cudaMemcpy(plan_.row_pages, pages_.data(), batch * sizeof(int32_t), cudaMemcpyHostToDevice), "plan upload");
-  cuda_check(cudaMemcpy(plan_.num_rows, &batch, sizeof(int32_t), cudaMemcpyHostToDevice), "plan upload");
+  ctas_per_sm_ = kernel_.ctas_per_sm(G);
+  decode_args_ = fixed_decode_args(g, r, c, layout_, partial_out_, partial_lse_);
+  combine_args_ = fixed_combine_args(decode_args_, r);
 }
 
-std::vector<int> HostStepPlan::bounds(int b) const {
-  std::vector<int> out{0};
-  for (int s = 0; s < splits_[b]; ++s) out.push_back(std::min((s + 1) * pps_[b], pages_[b]));
-  if (out.size() == 1) out.push_back(0);
-  return out;
+void DecodeAttention::release() noexcept {
+  cudaFree(partial_out_);
+  cudaFree(partial_lse_);
+  partial_out_ = nullptr;
+  partial_lse_ = nullptr;
+}
+
+DecodeAttention::~DecodeAttention() { release(); }
+
+DecodeAttention::DecodeAttention(DecodeAttention&& o) noexcept
+    : geometry_(o.geometry_),
+      recipe_(std::move(o.recipe_)),
+      capacity_(o.capacity_),
+      layout_(o.layout_),
+      kernel_(o.kernel_),
+      combine_(o.combine_),
+      ctas_per_sm_(o.ctas_per_sm_),
+      partial_out_(std::exchange(o.partial_out_, nullptr)),
+      partial_lse_(std::exchange(o.partial_lse_, nullptr)),
+      decode_args_(o.decode_args_),
+      combine_args_(o.combine_args_) {
+  o.decode_args_.part_o = o.decode_args_.part_lse = nullptr;
+  o.combine_args_.part_o = o.combine_args_.part_lse = nullptr;
+}
+
+DecodeAttention& DecodeAttention::operator=(DecodeAttention&& o) noexcept {
+  if (this != &o) {
+    release();
+    geometry_ = o.geometry_;
+    recipe_ = std::move(o.recipe_);
+    capacity_ = o.capacity_;
+    layout_ = o.layout_;
+    kernel_ = o.kernel_;
+    combine_ = o.combine_;
+    ctas_per_sm_ = o.ctas_per_sm_;
+    partial_out_ = std::exchange(o.partial_out_, nullptr);
+    partial_lse_ = std::exchange(o.partial_lse_, nullptr);
+    decode_args_ = o.decode_args_;
+    combine_args_ = o.combine_args_;
+    o.decode_args_.part_o = o.decode_args_.part_lse = nullptr;
+    o.combine_args_.part_o = o.combine_args_.part_lse = nullptr;
+  }
+  return *this;
+}
+
+int DecodeAttention::split_target_ctas(int batch, int sms) const {
+  const int resident = std::max(1, ctas_per_sm_) * sms;
+  const int rows = std::max(1, batch * geometry_.kv_heads);
+  // Whole splits per (row, head), so no split CTA is left for a second wave. The BF16
+  // sink/recent CTAs (one per row and head) are short: give them slots of their own only
+  // when that costs at most one split in eight.
+  constexpr int kReserveFromSplits = 8;
+  const int extra = uses_slot_buffer(recipe_) ? rows : 0;
+  int s = resident / rows;
+  if (s >= kReserveFromSplits && s * rows + extra > resident) s = (resident - extra) / rows;
+  return std::max(1, s) * rows;
+}
+
+// Builds the message of the first failed check (cold: only after a check failed).
+void DecodeAttention::check_step(const DecodeStep& s, const DecodeLayerView& v, const void* q, const void* out) const {
+  const std::string who = who_of(recipe_);
+  require(partial_out_ != nullptr, who + "run on a moved-from object");
+  require(s.batch >= 1 && s.batch <= capacity_.max_batch,
+          who + "batch " + std::to_string(s.batch) + " outside the capacity 1.." + std::to_string(capacity_.max_batch));
+  require(s.plan.max_splits >= 1 && s.plan.max_splits <= capacity_.max_splits,
+          who + "plan.max_splits " + std::to_string(s.plan.max_splits) + " outside the capacity 1.." +
+              std::to_string(capacity_.max_splits));
+  require(s.plan.row_splits && s.plan.row_pages_per_split, who + "the step plan has no split arrays");
+  require(!uses_slot_buffer(recipe_) || s.plan.row_slot, who + "the step plan has no slot array");
+  require(s.block_tables && s.seq_lens, who + "null block_tables or seq_lens");
+  require(q && out, who + "null q or out");
+  require(!misaligned(q), who + "q must be 16-byte aligned (vector loads)");
+  require(v.format == recipe_.kv,
+          who + "the cache stores " + to_string(v.format) + " pages but the recipe wants " + to_string(recipe_.kv));
+  require(v.pool && !misaligned(v.pool), who + "the pool must be non-null and 16-byte aligned (bulk page copies)");
+  require(v.block_stride >= (long long)layout_.bytes * geometry_.kv_heads && v.block_stride % kDeviceAlign == 0,
+          who + "block_stride " + std::to_string(v.block_stride) + " must be a multiple of 16 bytes and at least " +
+              std::to_string((long long)layout_.bytes * geometry_.kv_heads) + " (kv_heads * layout bytes)");
+  require(!uses_slot_buffer(recipe_) || (v.slot_buffer != nullptr && v.slots >= 1),
+          who + "the recipe keeps BF16 sink/recent tokens but the layer view has no slot buffer");
+}
+
+void DecodeAttention::run_typed(const DecodeStep& s, const DecodeLayerView& v, const void* q, detail::IoType io,
+                                void* out, float* lse, cudaStream_t stream) {
+  const bool slots_needed = uses_slot_buffer(recipe_);
+  const bool ok = partial_out_ != nullptr && s.batch >= 1 && s.batch <= capacity_.max_batch &&
+                  s.plan.max_splits >= 1 && s.plan.max_splits <= capacity_.max_splits && s.plan.row_splits &&
+                  s.plan.row_pages_per_split && (!slots_needed || s.plan.row_slot) && s.block_tables && s.seq_lens &&
+                  q && out && !misaligned(q) && v.format == recipe_.kv && v.pool && !misaligned(v.pool) &&
+                  v.block_stride >= (long long)layout_.bytes * geometry_.kv_heads &&
+                  v.block_stride % kDeviceAlign == 0 && (!slots_needed || (v.slot_buffer && v.slots >= 1));
+  if (!ok) [[unlikely]] {
+    check_step(s, v, q, out);
+    throw Error(who_of(recipe_) + "invalid step");  // unreachable: check_step names the failure
+  }
+
+  detail::KernelArgs a = decode_args_;
+  a.pool = v.pool;
+  a.block_stride = v.block_stride;
+  a.slot_buffer = v.slot_buffer;
+  a.slots = v.slots;
+  a.q = q;
+  a.q_type = io;
+  a.block_tables = s.block_tables;
+  a.seq_lens = s.seq_lens;
+  a.batch = s.batch;
+  a.row_slot = s.plan.row_slot;
+  a.row_splits = s.plan.row_splits;
+  a.row_pps = s.plan.row_pages_per_split;
+  a.error_flags = s.plan.error_flags;
+  a.num_rows = s.plan.num_rows;
+  a.max_splits = s.plan.max_splits;
+  kernel_.launch(a, stream);
+  cuda_check(cudaGetLastError(), "decode attention: decode kernel launch");
+
+  detail::CombineArgs c = combine_args_;
+  c.batch = s.batch;
+  c.seq_lens = s.seq_lens;
+  c.row_splits = s.plan.row_splits;
+  c.row_pps = s.plan.row_pages_per_split;
+  c.error_flags = s.plan.error_flags;
+  c.num_rows = s.plan.num_rows;
+  c.max_splits = s.plan.max_splits;
+  c.q = q;
+  c.q_type = io;
+  c.mu_k = recipe_.smooth_keys ? v.mu_k : nullptr;
+  c.out = out;
+  c.out_type = io;
+  c.lse = lse;
+  combine_(c, stream);
+  cuda_check(cudaGetLastError(), "decode attention: combine kernel launch");
+}
+
+void DecodeAttention::run(const DecodeStep& step, const DecodeLayerView& layer, const __nv_bfloat16* q,
+                          __nv_bfloat16* out, float* lse, cudaStream_t stream) {
+  run_typed(step, layer, q, detail::IoType::bf16, out, lse, stream);
+}
+
+void DecodeAttention::run(const DecodeStep& step, const DecodeLayerView& layer, const float* q, float* out, float* lse,
+                          cudaStream_t stream) {
+  run_typed(step, layer, q, detail::IoType::f32, out, lse, stream);
 }
 
 }  // namespace fp4kv::attention

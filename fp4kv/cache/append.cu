@@ -2,6 +2,7 @@
 // warp 1 writes V. Quantized formats write the slot's sink/recent rows; the BF16 format
 // writes the row straight into its pool block (a BF16 page). Used by prefill (the chunk's
 // sink tokens and its last 128 tokens) and by the decode append (one token per row).
+#include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/cache/device_common.cuh"
 #include "fp4kv/core/error.h"
 
@@ -97,8 +98,7 @@ void launch(const RowKernelArgs& a, int rows, cudaStream_t stream) {
     case 256: rows_kernel<256><<<grid, 64, 0, stream>>>(a); break;
     default: throw Error("cache row kernel: unsupported head_dim " + std::to_string(a.dims.d));
   }
-  const cudaError_t err = cudaGetLastError();
-  require(err == cudaSuccess, std::string("cache row kernel launch failed: ") + cudaGetErrorString(err));
+  cuda_check_launch("cache row kernel launch");
 }
 
 }  // namespace

@@ -16,8 +16,9 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/cache/device_common.cuh"
-#include "fp4kv/core/decode_layout.h"
+#include "fp4kv/cache/split_plan.h"
 #include "fp4kv/core/error.h"
 
 namespace fp4kv::cache::detail {
@@ -37,7 +38,7 @@ struct ControlArgs {
   CacheMem mem;
   StepPlan plan;
   StepArgs step;
-  int target_ctas = 0;  // split-KV: CTAs that fill the GPU (2 per SM)
+  int target_ctas = 0;  // split-KV: split CTAs wanted over the step (split_plan.h)
 };
 
 size_t control_smem_bytes(int slots, int max_batch) {
@@ -49,7 +50,7 @@ __global__ void __launch_bounds__(kControlThreads) control_kernel(const ControlA
   using Scan = cub::BlockScan<int, kControlThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int s_err, s_unclaimed, s_rows_with_pages, s_promote;
-  __shared__ long long s_step, s_total_pages;
+  __shared__ long long s_step;
   __shared__ int s_flags;
 
   const int S = a.dims.slots, batch = a.step.batch, mp = a.step.max_pages, tid = threadIdx.x;
@@ -69,7 +70,6 @@ __global__ void __launch_bounds__(kControlThreads) control_kernel(const ControlA
     s_unclaimed = 0;
     s_rows_with_pages = 0;
     s_promote = 0;
-    s_total_pages = 0;
   }
   __syncthreads();
   if (s_flags != 0) return;  // a previous error stands until the host clears it
@@ -162,14 +162,9 @@ __global__ void __launch_bounds__(kControlThreads) control_kernel(const ControlA
     a.mem.slot_owner[s] = r_id[r];
     a.mem.slot_last_seen[s] = s_step;
     const int seq = r_seq[r];
-    // Pool pages the decode kernel reads: the quantized pages of decode_layout, or for the
-    // BF16 format every page (the last one partial).
-    const int pages = quantized ? decode_layout(seq, true, a.dims.sink, a.dims.recent).quant_pages : (seq + kPage - 1) / kPage;
+    const int pages = attended_pages(seq, a.dims.format, a.dims.sink, a.dims.recent);
     r_pages[r] = pages;
-    if (pages > 0) {
-      atomicAdd(&s_rows_with_pages, 1);
-      atomicAdd(reinterpret_cast<unsigned long long*>(&s_total_pages), static_cast<unsigned long long>(pages));
-    }
+    if (pages > 0) atomicAdd(&s_rows_with_pages, 1);
     int promote = -1;
     if (quantized && a.dims.recent && seq % kPage == 0)
       promote = a.step.block_tables[static_cast<long long>(r) * mp + seq / kPage - 1];
@@ -183,35 +178,26 @@ __global__ void __launch_bounds__(kControlThreads) control_kernel(const ControlA
     if (a.plan.num_rows) *a.plan.num_rows = batch;
   }
 
-  // Split-KV plan: one CTA per (row, head) when that fills the GPU; otherwise pages are cut
-  // into chunks of about total * heads / target pages (at least min_split_pages), at most
+  // Split-KV plan (split_plan.h, the same planner as host-filled plans): about target_ctas
+  // split CTAs over the rows with pages, at least min_split_pages pages per split, at most
   // max_splits per row.
-  const long long total = s_total_pages;
-  const bool split = static_cast<long long>(s_rows_with_pages) * a.dims.heads < a.target_ctas;
-  long long chunk = split ? (total * a.dims.heads + a.target_ctas - 1) / a.target_ctas : 0;
-  if (chunk < a.dims.min_split_pages) chunk = a.dims.min_split_pages;
+  SplitPolicy policy;
+  policy.head_rows = s_rows_with_pages * a.dims.heads;
+  policy.max_splits = a.plan.max_splits;
+  policy.target_ctas = a.target_ctas;
+  policy.min_pages = a.dims.min_split_pages;
   for (int r = tid; r < a.step.max_batch; r += kControlThreads) {
-    int slot = -1, pages = 0, splits = 0, pps = 0;
+    int slot = -1, pages = 0;
     if (r < batch) {
       slot = r_slot[r];
       pages = r_pages[r];
-      if (pages > 0) {
-        if (!split) {
-          splits = 1;
-          pps = pages;
-        } else {
-          const long long want = (pages + chunk - 1) / chunk;
-          splits = static_cast<int>(want < a.plan.max_splits ? want : a.plan.max_splits);
-          pps = (pages + splits - 1) / splits;
-          splits = (pages + pps - 1) / pps;
-        }
-      }
     } else {
       a.plan.row_promote_block[r] = -1;
     }
+    const RowSplit split = plan_row_split(pages, policy);
     a.plan.row_slot[r] = slot;
-    a.plan.row_splits[r] = splits;
-    a.plan.row_pages_per_split[r] = pps;
+    a.plan.row_splits[r] = split.splits;
+    a.plan.row_pages_per_split[r] = split.pages_per_split;
     if (a.plan.row_pages) a.plan.row_pages[r] = pages;
   }
 }
@@ -270,28 +256,23 @@ __global__ void release_kernel(const CacheDims dims, const CacheMem mem, int32_t
     }
 }
 
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  require(err == cudaSuccess, std::string(what) + " launch failed: " + cudaGetErrorString(err));
-}
-
 }  // namespace
 
 void prepare_control_kernel() {
   static const cudaError_t attr = cudaFuncSetAttribute(control_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        int(control_smem_bytes(kControlMaxSlots, kControlMaxRows)));
-  require(attr == cudaSuccess, std::string("control kernel: cannot reserve shared memory: ") + cudaGetErrorString(attr));
+  cuda_check(attr, "control kernel: reserve shared memory");
 }
 
 void launch_claim_prefill_slot(const CacheDims& dims, const CacheMem& mem, const int32_t* block_row,
                                cudaStream_t stream) {
   claim_kernel<<<1, 256, 0, stream>>>(dims, mem, block_row);
-  check_launch("cache slot claim kernel");
+  cuda_check_launch("cache slot claim kernel launch");
 }
 
 void launch_release_slot(const CacheDims& dims, const CacheMem& mem, int32_t first_block, cudaStream_t stream) {
   release_kernel<<<1, 256, 0, stream>>>(dims, mem, first_block);
-  check_launch("cache slot release kernel");
+  cuda_check_launch("cache slot release kernel launch");
 }
 
 void launch_control(const CacheDims& dims, const CacheMem& mem, const StepPlan& plan, const StepArgs& step,
@@ -302,11 +283,11 @@ void launch_control(const CacheDims& dims, const CacheMem& mem, const StepPlan& 
   a.mem = mem;
   a.plan = plan;
   a.step = step;
-  a.target_ctas = 2 * num_sms;
+  a.target_ctas = kSplitCtasPerSm * num_sms;
   const size_t smem = control_smem_bytes(dims.slots, step.max_batch);
   prepare_control_kernel();
   control_kernel<<<1, kControlThreads, smem, stream>>>(a);
-  check_launch("cache control kernel");
+  cuda_check_launch("cache control kernel launch");
 }
 
 }  // namespace fp4kv::cache::detail

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/cache/host_page.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/half.h"
@@ -13,10 +14,6 @@
 namespace fp4kv::cache {
 
 namespace {
-
-void check(cudaError_t err, const std::string& what) {
-  require(err == cudaSuccess, "KvCache: " + what + ": " + cudaGetErrorString(err));
-}
 
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
@@ -61,10 +58,10 @@ KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k
   dims_.min_split_pages = min_split_pages(recipe);
 
   int dev = 0, count = 0;
-  check(cudaGetDeviceCount(&count), "no CUDA device");
+  cuda_check(cudaGetDeviceCount(&count), "KvCache: no CUDA device");
   require(count > 0, "KvCache: no CUDA device");
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count");
+  cuda_check(cudaGetDevice(&dev), "KvCache: cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, dev), "KvCache: multiprocessor count");
 
   auto alloc = [&](size_t bytes, const char* what) -> void* {
     void* p = nullptr;
@@ -73,12 +70,11 @@ KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k
     if (err != cudaSuccess) {
       for (void* q : allocations_) cudaFree(q);
       allocations_.clear();
-      throw Error(std::string("KvCache: cannot allocate ") + std::to_string(bytes) + " bytes for " + what + ": " +
-                  cudaGetErrorString(err));
+      throw_cuda_error(err, "KvCache: cannot allocate " + std::to_string(bytes) + " bytes for " + what);
     }
     allocations_.push_back(p);
     device_bytes_ += bytes;
-    check(cudaMemset(p, 0, bytes), "cudaMemset");
+    cuda_check(cudaMemset(p, 0, bytes), "KvCache: cudaMemset");
     return p;
   };
   const size_t L = size_t(c.layers), S = size_t(c.max_slots), H = size_t(c.kv_heads), d = size_t(c.head_dim);
@@ -88,18 +84,18 @@ KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k
     mem_.slots = static_cast<uint16_t*>(alloc(L * S * H * 2 * kSlotRows * d * sizeof(uint16_t), "the slot buffer"));
   if (recipe.smooth_keys && mu_k) {
     float* mu = static_cast<float*>(alloc(L * H * d * sizeof(float), "mu_k"));
-    check(cudaMemcpy(mu, mu_k, L * H * d * sizeof(float), cudaMemcpyHostToDevice), "copy mu_k");
+    cuda_check(cudaMemcpy(mu, mu_k, L * H * d * sizeof(float), cudaMemcpyHostToDevice), "KvCache: copy mu_k");
     mem_.mu = mu;
   }
   mem_.nonfinite = static_cast<unsigned long long*>(alloc(sizeof(unsigned long long), "counters"));
   mem_.error_flags = static_cast<int32_t*>(alloc(sizeof(int32_t), "flags"));
   mem_.slot_owner = static_cast<int32_t*>(alloc(S * sizeof(int32_t), "the slot table"));
   mem_.slot_last_seen = static_cast<long long*>(alloc(S * sizeof(long long), "the slot table"));
-  check(cudaMemset(mem_.slot_owner, 0xFF, S * sizeof(int32_t)), "cudaMemset");        // -1: free
-  check(cudaMemset(mem_.slot_last_seen, 0xFF, S * sizeof(long long)), "cudaMemset");  // -1: never seen
+  cuda_check(cudaMemset(mem_.slot_owner, 0xFF, S * sizeof(int32_t)), "KvCache: cudaMemset");        // -1: free
+  cuda_check(cudaMemset(mem_.slot_last_seen, 0xFF, S * sizeof(long long)), "KvCache: cudaMemset");  // -1: never seen
   mem_.step_counter = static_cast<long long*>(alloc(sizeof(long long), "the step counter"));
   mem_.prefill_slot = static_cast<int32_t*>(alloc(sizeof(int32_t), "the prefill slot"));
-  check(cudaMemset(mem_.prefill_slot, 0xFF, sizeof(int32_t)), "cudaMemset");
+  cuda_check(cudaMemset(mem_.prefill_slot, 0xFF, sizeof(int32_t)), "KvCache: cudaMemset");
   mem_.promote_rows = static_cast<int32_t*>(alloc(MB * sizeof(int32_t), "the promotion list"));
   mem_.promote_count = static_cast<int32_t*>(alloc(sizeof(int32_t), "the promotion list"));
 
@@ -109,11 +105,11 @@ KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k
   plan_.row_promote_block = static_cast<int32_t*>(alloc(MB * sizeof(int32_t), "the step plan"));
   plan_.row_pages = static_cast<int32_t*>(alloc(MB * sizeof(int32_t), "the step plan"));
   plan_.num_rows = static_cast<int32_t*>(alloc(sizeof(int32_t), "the step plan"));
-  check(cudaMemset(plan_.row_slot, 0xFF, MB * sizeof(int32_t)), "cudaMemset");
-  check(cudaMemset(plan_.row_promote_block, 0xFF, MB * sizeof(int32_t)), "cudaMemset");
+  cuda_check(cudaMemset(plan_.row_slot, 0xFF, MB * sizeof(int32_t)), "KvCache: cudaMemset");
+  cuda_check(cudaMemset(plan_.row_promote_block, 0xFF, MB * sizeof(int32_t)), "KvCache: cudaMemset");
   plan_.error_flags = mem_.error_flags;
   plan_.max_splits = c.max_splits;
-  check(cudaDeviceSynchronize(), "initialization");
+  cuda_check(cudaDeviceSynchronize(), "KvCache: initialization");
   detail::prepare_page_kernels(dims_);
   detail::prepare_control_kernel();
 }
@@ -219,33 +215,33 @@ void KvCache::release(int32_t first_block, cudaStream_t stream) {
 
 unsigned long long KvCache::nonfinite_count() const {
   unsigned long long n = 0;
-  check(cudaDeviceSynchronize(), "synchronize");
-  check(cudaMemcpy(&n, mem_.nonfinite, sizeof n, cudaMemcpyDeviceToHost), "read the non-finite counter");
+  cuda_check(cudaDeviceSynchronize(), "KvCache: synchronize");
+  cuda_check(cudaMemcpy(&n, mem_.nonfinite, sizeof n, cudaMemcpyDeviceToHost), "KvCache: read the non-finite counter");
   return n;
 }
 
 int32_t KvCache::error_flags() const {
   int32_t f = 0;
-  check(cudaDeviceSynchronize(), "synchronize");
-  check(cudaMemcpy(&f, mem_.error_flags, sizeof f, cudaMemcpyDeviceToHost), "read the error flags");
+  cuda_check(cudaDeviceSynchronize(), "KvCache: synchronize");
+  cuda_check(cudaMemcpy(&f, mem_.error_flags, sizeof f, cudaMemcpyDeviceToHost), "KvCache: read the error flags");
   return f;
 }
 
 void KvCache::clear_errors(cudaStream_t stream) {
-  check(cudaMemsetAsync(mem_.error_flags, 0, sizeof(int32_t), stream), "clear the error flags");
-  check(cudaStreamSynchronize(stream), "synchronize");
+  cuda_check(cudaMemsetAsync(mem_.error_flags, 0, sizeof(int32_t), stream), "KvCache: clear the error flags");
+  cuda_check(cudaStreamSynchronize(stream), "KvCache: synchronize");
 }
 
 void KvCache::reset_nonfinite_count(cudaStream_t stream) {
-  check(cudaMemsetAsync(mem_.nonfinite, 0, sizeof(unsigned long long), stream), "reset the counter");
-  check(cudaStreamSynchronize(stream), "synchronize");
+  cuda_check(cudaMemsetAsync(mem_.nonfinite, 0, sizeof(unsigned long long), stream), "KvCache: reset the counter");
+  cuda_check(cudaStreamSynchronize(stream), "KvCache: synchronize");
 }
 
 int KvCache::slot_of(int32_t first_block) const {
   std::vector<int32_t> owner(config_.max_slots);
-  check(cudaDeviceSynchronize(), "synchronize");
-  check(cudaMemcpy(owner.data(), mem_.slot_owner, owner.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
-        "read the slot table");
+  cuda_check(cudaDeviceSynchronize(), "KvCache: synchronize");
+  cuda_check(cudaMemcpy(owner.data(), mem_.slot_owner, owner.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+        "KvCache: read the slot table");
   for (int s = 0; s < config_.max_slots; ++s)
     if (owner[s] == first_block) return s;
   return -1;
@@ -253,8 +249,8 @@ int KvCache::slot_of(int32_t first_block) const {
 
 long long KvCache::step_counter() const {
   long long n = 0;
-  check(cudaDeviceSynchronize(), "synchronize");
-  check(cudaMemcpy(&n, mem_.step_counter, sizeof n, cudaMemcpyDeviceToHost), "read the step counter");
+  cuda_check(cudaDeviceSynchronize(), "KvCache: synchronize");
+  cuda_check(cudaMemcpy(&n, mem_.step_counter, sizeof n, cudaMemcpyDeviceToHost), "KvCache: read the step counter");
   return n;
 }
 
@@ -263,10 +259,10 @@ std::vector<uint8_t> KvCache::read_page(int layer, int block, int head) const {
   require(block >= 0 && block < config_.num_blocks, "KvCache::read_page: block " + std::to_string(block) + " out of range");
   require(head >= 0 && head < config_.kv_heads, "KvCache::read_page: head " + std::to_string(head) + " out of range");
   std::vector<uint8_t> bytes(dims_.layout.bytes);
-  check(cudaDeviceSynchronize(), "synchronize");
-  check(cudaMemcpy(bytes.data(), pool(layer) + block * dims_.block_stride + static_cast<long long>(head) * dims_.layout.bytes,
+  cuda_check(cudaDeviceSynchronize(), "KvCache: synchronize");
+  cuda_check(cudaMemcpy(bytes.data(), pool(layer) + block * dims_.block_stride + static_cast<long long>(head) * dims_.layout.bytes,
                    bytes.size(), cudaMemcpyDeviceToHost),
-        "read a page");
+        "KvCache: read a page");
   return bytes;
 }
 
@@ -283,10 +279,10 @@ SlotRows KvCache::read_slot(int layer, int slot, int head) const {
   require(head >= 0 && head < config_.kv_heads, "KvCache::read_slot: head " + std::to_string(head) + " out of range");
   const int d = config_.head_dim;
   std::vector<uint16_t> bits(size_t(2) * kSlotRows * d);
-  check(cudaDeviceSynchronize(), "synchronize");
-  check(cudaMemcpy(bits.data(), mem_.slots + slot_row_offset(layer, slot, head, 0, 0, config_.max_slots, config_.kv_heads, d),
+  cuda_check(cudaDeviceSynchronize(), "KvCache: synchronize");
+  cuda_check(cudaMemcpy(bits.data(), mem_.slots + slot_row_offset(layer, slot, head, 0, 0, config_.max_slots, config_.kv_heads, d),
                    bits.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost),
-        "read a slot");
+        "KvCache: read a slot");
   SlotRows r;
   r.k.resize(size_t(kSlotRows) * d);
   r.v.resize(size_t(kSlotRows) * d);
@@ -300,17 +296,17 @@ SlotRows KvCache::read_slot(int layer, int slot, int head) const {
 KvCache::PlanCopy KvCache::read_plan() const {
   PlanCopy p;
   const size_t n = size_t(config_.max_batch);
-  check(cudaDeviceSynchronize(), "synchronize");
+  cuda_check(cudaDeviceSynchronize(), "KvCache: synchronize");
   auto get = [&](std::vector<int32_t>& out, const int32_t* src) {
     out.resize(n);
-    check(cudaMemcpy(out.data(), src, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "read the plan");
+    cuda_check(cudaMemcpy(out.data(), src, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "KvCache: read the plan");
   };
   get(p.row_slot, plan_.row_slot);
   get(p.row_splits, plan_.row_splits);
   get(p.row_pages_per_split, plan_.row_pages_per_split);
   get(p.row_promote_block, plan_.row_promote_block);
   get(p.row_pages, plan_.row_pages);
-  check(cudaMemcpy(&p.num_rows, plan_.num_rows, sizeof(int32_t), cudaMemcpyDeviceToHost), "read the plan");
+  cuda_check(cudaMemcpy(&p.num_rows, plan_.num_rows, sizeof(int32_t), cudaMemcpyDeviceToHost), "KvCache: read the plan");
   return p;
 }
 

@@ -10,6 +10,7 @@
 // with 16-byte stores.
 #include <climits>
 
+#include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/cache/device_common.cuh"
 #include "fp4kv/core/block_quant.h"
 #include "fp4kv/core/error.h"
@@ -255,7 +256,7 @@ template <int D, KvFormat F>
 void prepare_t() {
   static const cudaError_t attr = cudaFuncSetAttribute(page_kernel<D, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        PageTraits<D, F>::smem_bytes);
-  require(attr == cudaSuccess, std::string("cache page kernel: cannot reserve shared memory: ") + cudaGetErrorString(attr));
+  cuda_check(attr, "cache page kernel: reserve shared memory");
 }
 
 template <int D, KvFormat F>
@@ -267,8 +268,7 @@ void launch_t(const PageKernelArgs& a, dim3 grid, cudaStream_t stream) {
   constexpr int smem = PageTraits<D, F>::smem_bytes;
   prepare_t<D, F>();
   page_kernel<D, F><<<grid, kThreads, smem, stream>>>(a);
-  const cudaError_t err = cudaGetLastError();
-  require(err == cudaSuccess, std::string("cache page kernel launch failed: ") + cudaGetErrorString(err));
+  cuda_check_launch("cache page kernel launch");
 }
 
 template <int D>

@@ -1,75 +1,39 @@
-// Test and benchmark harness of the decode kernels: builds a paged cache of one layer on
-// the host from the CPU reference's own pages (ref::HeadSequence + cache::pack_page),
-// uploads it, runs decode_attention, and runs the CPU reference with the kernel's split
-// plan on identical cache contents.
+// Test harness of the decode kernels: builds a paged cache of one layer on the host from
+// the CPU reference's own pages (ref::HeadSequence + cache::pack_page), uploads it, runs
+// DecodeAttention, and runs the CPU reference with the kernel's split plan on identical
+// cache contents. Device buffers, the CUDA check and the host-filled plan come from
+// fp4kv/testing.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "fp4kv/attention/decode.h"
 #include "fp4kv/cache/host_page.h"
 #include "fp4kv/cache/layout.h"
 #include "fp4kv/core/half.h"
+#include "fp4kv/core/parallel.h"
 #include "fp4kv/core/transform.h"
 #include "fp4kv/ref/attention.h"
+#include "fp4kv/testing/cuda_testing.h"
+#include "fp4kv/testing/host_step_plan.h"
 #include "synthetic.h"
 
 namespace fp4kv::test {
 
-inline bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using fp4kv::testing::DeviceBuffer;
+using fp4kv::testing::HostStepPlan;
+
 // First statement of a GPU test (needs <gtest/gtest.h>).
 #define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-#define FP4KV_CUDA_OK(x)                                                                      \
-  do {                                                                                        \
-    const cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_)); \
-  } while (0)
-
-template <class T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  size_t n = 0;
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t count) : n(count) { FP4KV_CUDA_OK(cudaMalloc(&p, std::max<size_t>(1, count) * sizeof(T))); }
-  DeviceBuffer(const std::vector<T>& h) : DeviceBuffer(h.size()) { upload(h); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void upload(const std::vector<T>& h) { FP4KV_CUDA_OK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    FP4KV_CUDA_OK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-// Runs f(i) for i in [0, n) on all hardware threads.
-inline void parallel_for(int n, const std::function<void(int)>& f) {
-  const int nt = std::max(1, std::min(n, int(std::thread::hardware_concurrency())));
-  std::vector<std::thread> th;
-  std::atomic<int> next{0};
-  for (int t = 0; t < nt; ++t)
-    th.emplace_back([&] {
-      for (int i = next++; i < n; i = next++) f(i);
-    });
-  for (auto& t : th) t.join();
-}
+  if (!::fp4kv::testing::have_gpu()) GTEST_SKIP() << "no CUDA device"
 
 struct Case {
   std::string recipe = "nvfp4";
@@ -114,7 +78,7 @@ struct Built {
   std::vector<float> ref_out, ref_lse, exact_out, exact_lse;
 };
 
-inline Built build(const Case& c, attention::HostStepPlan* plan) {
+inline Built build(const Case& c, HostStepPlan* plan) {
   Built B;
   B.r = parse_recipe(c.recipe);
   const Recipe& r = B.r;
@@ -125,7 +89,7 @@ inline Built build(const Case& c, attention::HostStepPlan* plan) {
   B.stride = (long long)B.layout.bytes * H;
   std::vector<int> pages(B.batch);
   for (int b = 0; b < B.batch; ++b) {
-    pages[b] = attention::attended_pages(c.lens[b], r);
+    pages[b] = cache::attended_pages(c.lens[b], r);
     B.max_pages = std::max(B.max_pages, std::max(1, pages[b]));
   }
   B.blocks = std::accumulate(pages.begin(), pages.end(), 0) + 3;  // a few unused blocks
@@ -161,7 +125,7 @@ inline Built build(const Case& c, attention::HostStepPlan* plan) {
   B.exact_out = B.ref_out;
   B.exact_lse = B.ref_lse;
 
-  parallel_for(B.batch * H, [&](int job) {
+  fp4kv::parallel_for(B.batch * H, [&](int job) {
     const int b = job / H, h = job % H, n = c.lens[b];
     if (n <= 0) return;
     // Same bias structure per head (seeded by head), fresh tokens per row.
@@ -254,29 +218,40 @@ inline Built build(const Case& c, attention::HostStepPlan* plan) {
   return B;
 }
 
-// Device copies of a built case.
+// Device copies of a built case, and what DecodeAttention is built and run with.
 struct DeviceCase {
   DeviceBuffer<uint8_t> pool;
   DeviceBuffer<uint16_t> slots;
   DeviceBuffer<float> q, mu, out, lse;
   DeviceBuffer<int32_t> table, seq;
-  attention::DecodeParams params;
+  attention::DecodeGeometry geometry;
+  attention::DecodeLayerView layer;
   explicit DeviceCase(const Built& B, int d, int kv_heads)
       : pool(B.pool), slots(B.slots), q(B.q), mu(B.mu), out(B.q.size()), lse(B.ref_lse.size()), table(B.block_table),
         seq(B.seq) {
-    params.pool = pool.p;
-    params.block_stride = B.stride;
-    params.layout = B.layout;
-    params.kv_heads = kv_heads;
-    params.q_heads = B.q_heads;
-    params.head_dim = d;
-    params.slot_buffer = slots.p;
-    params.slots = B.batch + 1;
-    params.mu_k = mu.p;
+    geometry = attention::DecodeGeometry{B.q_heads, kv_heads, d};
+    layer.format = B.r.kv;
+    layer.pool = pool.get();
+    layer.block_stride = B.stride;
+    layer.slot_buffer = slots.get();
+    layer.slots = B.batch + 1;
+    layer.mu_k = mu.get();
+  }
+  // Capacity: the case's batch and block-table stride, `max_splits` splits per row.
+  attention::DecodeCapacity capacity(const Built& B, int max_splits) const {
+    return attention::DecodeCapacity{B.batch, B.max_pages, max_splits};
+  }
+  attention::DecodeStep step(const Built& B, const HostStepPlan& plan) const {
+    attention::DecodeStep s;
+    s.block_tables = table.get();
+    s.seq_lens = seq.get();
+    s.batch = B.batch;
+    s.plan = plan.plan();
+    return s;
   }
   void poison() {
-    FP4KV_CUDA_OK(cudaMemset(out.p, 0xFF, out.n * sizeof(float)));
-    FP4KV_CUDA_OK(cudaMemset(lse.p, 0xFF, lse.n * sizeof(float)));
+    out.fill_bytes(0xFF);
+    lse.fill_bytes(0xFF);
   }
 };
 
@@ -306,16 +281,14 @@ inline void compare(const std::vector<float>& got, const std::vector<float>& got
   }
 }
 
-// Builds, runs and compares one case.
+// Builds, runs (float queries and output) and compares one case.
 inline Metrics run_case(const Case& c, std::vector<float>* out_copy = nullptr) {
-  attention::HostStepPlan plan(int(c.lens.size()), c.max_splits);
+  HostStepPlan plan(int(c.lens.size()), c.max_splits);
   const Built B = build(c, &plan);
   DeviceCase D(B, c.d, c.kv_heads);
-  attention::DecodeWorkspace ws(B.batch, B.q_heads, c.d, c.max_splits);
+  attention::DecodeAttention attn(D.geometry, B.r, D.capacity(B, c.max_splits));
   D.poison();
-  attention::decode_attention(D.params, B.r, D.q.p, D.table.p, D.seq.p, B.batch, B.max_pages, plan.plan(), ws, D.out.p,
-                              D.lse.p);
-  FP4KV_CUDA_OK(cudaDeviceSynchronize());
+  attn.run(D.step(B, plan), D.layer, D.q.get(), D.out.get(), D.lse.get());
   const auto out = D.out.download(), lse = D.lse.download();
   if (out_copy) *out_copy = out;
   Metrics m;

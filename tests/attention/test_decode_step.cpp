@@ -36,7 +36,7 @@ struct StepRig {
   std::vector<int32_t> table;
   std::unique_ptr<DeviceBuffer<int32_t>> bt, lens;
   std::vector<std::unique_ptr<DeviceBuffer<float>>> knew, vnew, q, out, lse;
-  std::unique_ptr<attention::DecodeWorkspace> ws;
+  std::unique_ptr<attention::DecodeAttention> attn;
 
   explicit StepRig(const std::string& spec) {
     recipe = parse_recipe(spec);
@@ -72,7 +72,7 @@ struct StepRig {
       for (int L = 0; L < kLayers; ++L) {
         DeviceBuffer<float> dk(std::vector<float>(k[r][L].begin(), k[r][L].begin() + prefix[r] * tok));
         DeviceBuffer<float> dv(std::vector<float>(v[r][L].begin(), v[r][L].begin() + prefix[r] * tok));
-        cache->prefill(L, row.p, 0, prefix[r], dk.p, dv.p, nullptr);
+        cache->prefill(L, row.get(), 0, prefix[r], dk.get(), dv.get(), nullptr);
         FP4KV_CUDA_OK(cudaDeviceSynchronize());
       }
     }
@@ -89,15 +89,17 @@ struct StepRig {
       out.push_back(std::make_unique<DeviceBuffer<float>>(size_t(kBatch) * kHeads * kG * kD));
       lse.push_back(std::make_unique<DeviceBuffer<float>>(size_t(kBatch) * kHeads * kG));
     }
-    ws = std::make_unique<attention::DecodeWorkspace>(kBatch, kHeads * kG, kD, cfg.max_splits);
+    // Built once (validated, configured, workspace allocated); run once per layer per step.
+    attn = std::make_unique<attention::DecodeAttention>(attention::geometry_of(*cache, kHeads * kG), recipe,
+                                                        attention::capacity_of(*cache));
   }
 
   void enqueue(cudaStream_t s) {
-    cache->begin_step(bt->p, lens->p, kBatch, kMaxPages, s);
+    cache->begin_step(bt->get(), lens->get(), kBatch, kMaxPages, s);
+    const attention::DecodeStep step = attention::step_of(*cache, bt->get(), lens->get(), kBatch);
     for (int L = 0; L < kLayers; ++L) {
-      cache->append(L, knew[L]->p, vnew[L]->p, s);
-      attention::decode_attention(attention::params_from_cache(*cache, L, kHeads * kG), recipe, q[L]->p, bt->p, lens->p,
-                                  kBatch, kMaxPages, cache->plan(), *ws, out[L]->p, lse[L]->p, s);
+      cache->append(L, knew[L]->get(), vnew[L]->get(), s);
+      attn->run(step, attention::layer_view(*cache, L), q[L]->get(), out[L]->get(), lse[L]->get(), s);
     }
     cache->end_step(s);
   }

@@ -1,4 +1,5 @@
-// Helpers of the GPU cache tests: device buffers, random data with outliers, and the CPU
+// Helpers of the GPU cache tests (device buffers and the CUDA check come from
+// fp4kv/testing/cuda_testing.h): random data with outliers, and the CPU
 // model of what the cache must hold (core/transform.h + BF16 rounding + ref::quantize_page
 // + host_page.h pack_page).
 #pragma once
@@ -20,53 +21,16 @@
 #include "fp4kv/core/minifloat.h"
 #include "fp4kv/core/transform.h"
 #include "fp4kv/ref/quant_page.h"
+#include "fp4kv/testing/cuda_testing.h"
 
 namespace fp4kv::cache::test {
 
-inline bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using fp4kv::testing::DeviceBuffer;
 
-#define FP4KV_REQUIRE_GPU()                                   \
-  do {                                                        \
-    if (!::fp4kv::cache::test::have_gpu()) GTEST_SKIP() << "no CUDA device"; \
+#define FP4KV_REQUIRE_GPU()                                                         \
+  do {                                                                              \
+    if (!::fp4kv::testing::have_gpu()) GTEST_SKIP() << "no CUDA device";            \
   } while (0)
-
-inline void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-template <class T>
-class DevBuf {
- public:
-  explicit DevBuf(size_t n) : n_(n) {
-    cuda_ok(cudaMalloc(reinterpret_cast<void**>(&p_), std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
-    cuda_ok(cudaMemset(p_, 0, std::max<size_t>(n, 1) * sizeof(T)), "cudaMemset");
-  }
-  explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size()) { upload(v); }
-  ~DevBuf() { cudaFree(p_); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void upload(const std::vector<T>& v, size_t offset = 0) {
-    cuda_ok(cudaMemcpy(p_ + offset, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
-  }
-  void upload_async(const std::vector<T>& v, cudaStream_t s) {
-    cuda_ok(cudaMemcpyAsync(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s), "upload");
-  }
-  std::vector<T> download() const {
-    std::vector<T> v(n_);
-    cuda_ok(cudaDeviceSynchronize(), "sync");
-    cuda_ok(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "download");
-    return v;
-  }
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
-};
 
 // Normal data with outliers: a few large channels (as real keys have), rare huge
 // elements, some all-zero and some tiny blocks (E4M3 subnormal scales).

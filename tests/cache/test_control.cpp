@@ -33,9 +33,9 @@ struct StepDriver {
     std::vector<int32_t> bt(ids.size() * max_pages);
     for (size_t r = 0; r < ids.size(); ++r)
       for (int p = 0; p < max_pages; ++p) bt[r * max_pages + p] = ids[r] + p;
-    DevBuf<int32_t> dbt(bt), dsl(std::vector<int32_t>(lens.begin(), lens.end()));
+    DeviceBuffer<int32_t> dbt(bt), dsl(std::vector<int32_t>(lens.begin(), lens.end()));
     const size_t n = ids.size() * cache.config().kv_heads * cache.config().head_dim;
-    DevBuf<float> k(random_tokens(int(ids.size()), cache.config().kv_heads, cache.config().head_dim, 77)), v(n);
+    DeviceBuffer<float> k(random_tokens(int(ids.size()), cache.config().kv_heads, cache.config().head_dim, 77)), v(n);
     cache.begin_step(dbt.get(), dsl.get(), int(ids.size()), max_pages, nullptr);
     cache.append(0, k.get(), v.get(), nullptr);
     cache.end_step(nullptr);
@@ -92,8 +92,8 @@ TEST(ControlKernel, PrefillClaimsSlotAndDecodeFindsIt) {
   FP4KV_REQUIRE_GPU();
   KvCache cache(small_config(2, 4), parse_recipe("nvfp4"));
   StepDriver drv{cache, 4};
-  DevBuf<int32_t> row_a(std::vector<int32_t>{10, 11, 12, 13}), row_b(std::vector<int32_t>{20, 21, 22, 23});
-  DevBuf<float> k(random_tokens(20, 1, 64, 3)), v(random_tokens(20, 1, 64, 4));
+  DeviceBuffer<int32_t> row_a(std::vector<int32_t>{10, 11, 12, 13}), row_b(std::vector<int32_t>{20, 21, 22, 23});
+  DeviceBuffer<float> k(random_tokens(20, 1, 64, 3)), v(random_tokens(20, 1, 64, 4));
   cache.prefill(0, row_a.get(), 0, 20, k.get(), v.get(), nullptr);
   cache.prefill(0, row_b.get(), 0, 20, k.get(), v.get(), nullptr);
   EXPECT_EQ(cache.slot_of(10), 0);
@@ -103,7 +103,7 @@ TEST(ControlKernel, PrefillClaimsSlotAndDecodeFindsIt) {
   EXPECT_EQ(plan.row_slot[0], 1);
   EXPECT_EQ(plan.row_slot[1], 0);
   // A third prefill while both slots were used by the last step: no slot.
-  DevBuf<int32_t> row_c(std::vector<int32_t>{30, 31, 32, 33});
+  DeviceBuffer<int32_t> row_c(std::vector<int32_t>{30, 31, 32, 33});
   cache.prefill(0, row_c.get(), 0, 20, k.get(), v.get(), nullptr);
   EXPECT_EQ(cache.error_flags(), kErrorSlotsExhausted);
   EXPECT_EQ(cache.slot_of(30), -1);
@@ -230,21 +230,21 @@ TEST(CacheGraph, CapturedStepReplaysLikeEagerLaunches) {
     const int B = 3, steps = 40, max_pages = 4, H = cfg.kv_heads, d = cfg.head_dim;
     const std::vector<int> prefix = {100, 1, 120};
     std::vector<int32_t> bt = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
-    DevBuf<int32_t> dbt(bt), dsl(B);
-    std::vector<std::unique_ptr<DevBuf<float>>> k, v;
+    DeviceBuffer<int32_t> dbt(bt), dsl(B);
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> k, v;
     for (int l = 0; l < cfg.layers; ++l) {
-      k.push_back(std::make_unique<DevBuf<float>>(size_t(B) * H * d));
-      v.push_back(std::make_unique<DevBuf<float>>(size_t(B) * H * d));
+      k.push_back(std::make_unique<DeviceBuffer<float>>(size_t(B) * H * d));
+      v.push_back(std::make_unique<DeviceBuffer<float>>(size_t(B) * H * d));
     }
     for (KvCache* c : {&eager, &graphed})
       for (int r = 0; r < B; ++r)
         for (int l = 0; l < cfg.layers; ++l) {
-          DevBuf<float> pk(random_tokens(prefix[r], H, d, 100 * r + l)), pv(random_tokens(prefix[r], H, d, 100 * r + l + 50));
+          DeviceBuffer<float> pk(random_tokens(prefix[r], H, d, 100 * r + l)), pv(random_tokens(prefix[r], H, d, 100 * r + l + 50));
           c->prefill(l, dbt.get() + r * max_pages, 0, prefix[r], pk.get(), pv.get(), nullptr);
-          cuda_ok(cudaDeviceSynchronize(), "prefill");
+          FP4KV_CUDA_OK(cudaDeviceSynchronize());
         }
     cudaStream_t s;
-    cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+    FP4KV_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     auto enqueue = [&](KvCache& c) {
       c.begin_step(dbt.get(), dsl.get(), B, max_pages, s);
       for (int l = 0; l < cfg.layers; ++l) c.append(l, k[l]->get(), v[l]->get(), s);
@@ -252,26 +252,26 @@ TEST(CacheGraph, CapturedStepReplaysLikeEagerLaunches) {
     };
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+    FP4KV_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     enqueue(graphed);
-    cuda_ok(cudaStreamEndCapture(s, &graph), "end capture");
-    cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    FP4KV_CUDA_OK(cudaStreamEndCapture(s, &graph));
+    FP4KV_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     std::vector<int32_t> lens(prefix.begin(), prefix.end());
     for (int step = 0; step < steps; ++step) {
       for (int& n : lens) ++n;
       // Refill the same buffers, then run the step eagerly on one cache and by graph on the other.
-      cuda_ok(cudaMemcpyAsync(dsl.get(), lens.data(), B * sizeof(int32_t), cudaMemcpyHostToDevice, s), "lens");
+      FP4KV_CUDA_OK(cudaMemcpyAsync(dsl.get(), lens.data(), B * sizeof(int32_t), cudaMemcpyHostToDevice, s));
       std::vector<std::vector<float>> hk, hv;
       for (int l = 0; l < cfg.layers; ++l) {
         hk.push_back(random_tokens(B, H, d, 7000 + step * 10 + l));
         hv.push_back(random_tokens(B, H, d, 9000 + step * 10 + l));
         if (step == 17 && l == 1) hk.back()[5] = std::numeric_limits<float>::infinity();
-        cuda_ok(cudaMemcpyAsync(k[l]->get(), hk[l].data(), hk[l].size() * 4, cudaMemcpyHostToDevice, s), "k");
-        cuda_ok(cudaMemcpyAsync(v[l]->get(), hv[l].data(), hv[l].size() * 4, cudaMemcpyHostToDevice, s), "v");
+        FP4KV_CUDA_OK(cudaMemcpyAsync(k[l]->get(), hk[l].data(), hk[l].size() * 4, cudaMemcpyHostToDevice, s));
+        FP4KV_CUDA_OK(cudaMemcpyAsync(v[l]->get(), hv[l].data(), hv[l].size() * 4, cudaMemcpyHostToDevice, s));
       }
       enqueue(eager);
-      cuda_ok(cudaGraphLaunch(exec, s), "graph launch");
-      cuda_ok(cudaStreamSynchronize(s), "sync");
+      FP4KV_CUDA_OK(cudaGraphLaunch(exec, s));
+      FP4KV_CUDA_OK(cudaStreamSynchronize(s));
     }
     EXPECT_EQ(eager.error_flags(), 0);
     EXPECT_EQ(graphed.error_flags(), 0);

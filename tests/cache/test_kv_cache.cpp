@@ -53,15 +53,15 @@ struct Harness {
   // Prefills tokens [r.n, r.n + count) of the request (all layers).
   void prefill(Request& r, int count) {
     if (count <= 0) return;
-    DevBuf<int32_t> row(r.blocks);
+    DeviceBuffer<int32_t> row(r.blocks);
     const size_t stride = size_t(cfg.kv_heads) * cfg.head_dim;
     cache->begin_prefill(row.get(), r.n, count, nullptr);
     for (int l = 0; l < cfg.layers; ++l) {
       std::vector<float> k(r.k[l].begin() + r.n * stride, r.k[l].begin() + (r.n + count) * stride);
       std::vector<float> v(r.v[l].begin() + r.n * stride, r.v[l].begin() + (r.n + count) * stride);
-      DevBuf<float> dk(k), dv(v);
+      DeviceBuffer<float> dk(k), dv(v);
       cache->prefill(l, dk.get(), dv.get(), nullptr);
-      cuda_ok(cudaDeviceSynchronize(), "prefill");
+      FP4KV_CUDA_OK(cudaDeviceSynchronize());
     }
     r.n += count;
   }
@@ -81,8 +81,8 @@ struct Stepper {
   Harness& hx;
   std::vector<Request*> rows;
   int max_pages;
-  DevBuf<int32_t> bt, sl;
-  std::vector<std::unique_ptr<DevBuf<float>>> k, v;
+  DeviceBuffer<int32_t> bt, sl;
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> k, v;
 
   Stepper(Harness& h, std::vector<Request*> batch, int max_pages_)
       : hx(h), rows(std::move(batch)), max_pages(max_pages_), bt(rows.size() * max_pages_), sl(rows.size()) {
@@ -92,8 +92,8 @@ struct Stepper {
     bt.upload(table);
     const size_t n = rows.size() * h.cfg.kv_heads * h.cfg.head_dim;
     for (int l = 0; l < h.cfg.layers; ++l) {
-      k.push_back(std::make_unique<DevBuf<float>>(n));
-      v.push_back(std::make_unique<DevBuf<float>>(n));
+      k.push_back(std::make_unique<DeviceBuffer<float>>(n));
+      v.push_back(std::make_unique<DeviceBuffer<float>>(n));
     }
   }
   // Uploads this step's inputs (the next token of every row).
@@ -121,7 +121,7 @@ struct Stepper {
   void step() {
     stage(nullptr);
     enqueue(*hx.cache, nullptr);
-    cuda_ok(cudaDeviceSynchronize(), "step");
+    FP4KV_CUDA_OK(cudaDeviceSynchronize());
     for (Request* r : rows) ++r->n;
   }
 };
@@ -291,8 +291,8 @@ TEST(KvCacheErrors, BadArgumentsThrow) {
   FP4KV_REQUIRE_GPU();
   Harness hx("nvfp4", 64, 2, 2, 8, 2, 4, 2);
   KvCache& c = *hx.cache;
-  DevBuf<int32_t> row(std::vector<int32_t>{1, 2});
-  DevBuf<float> x(size_t(4) * 2 * 64 + 4);
+  DeviceBuffer<int32_t> row(std::vector<int32_t>{1, 2});
+  DeviceBuffer<float> x(size_t(4) * 2 * 64 + 4);
   EXPECT_THROW(c.prefill(0, x.get(), x.get(), nullptr), Error);  // no begin_prefill
   EXPECT_THROW(c.begin_prefill(row.get(), 200, 100, nullptr), Error);  // past max_pages * 128
   EXPECT_THROW(c.begin_prefill(row.get(), -1, 1, nullptr), Error);
@@ -301,7 +301,7 @@ TEST(KvCacheErrors, BadArgumentsThrow) {
   EXPECT_THROW(c.prefill(2, x.get(), x.get(), nullptr), Error);       // layer out of range
   EXPECT_THROW(c.prefill(0, x.get() + 1, x.get(), nullptr), Error);   // misaligned
   EXPECT_THROW(c.append(0, x.get(), x.get(), nullptr), Error);        // no begin_step
-  DevBuf<int32_t> lens(std::vector<int32_t>{1, 1});
+  DeviceBuffer<int32_t> lens(std::vector<int32_t>{1, 1});
   EXPECT_THROW(c.begin_step(row.get(), lens.get(), 3, 2, nullptr), Error);  // batch > max_batch
   EXPECT_THROW(c.begin_step(row.get(), lens.get(), 0, 2, nullptr), Error);
   EXPECT_THROW(c.begin_step(reinterpret_cast<const int32_t*>(reinterpret_cast<const char*>(row.get()) + 2), lens.get(),

@@ -11,7 +11,7 @@
 
 #include "fp4kv/cache/layout.h"
 
-namespace fp4kv::attention::bench {
+namespace fp4kv::testing {
 
 // Fills `blocks` cache blocks (block_stride bytes apart, kv_heads head parts of layout L
 // each) with random codes and in-range block/page scales (timing data: no NaN or Inf).
@@ -25,4 +25,4 @@ void fill_random_float(float* p, size_t n, float scale, uint64_t seed, cudaStrea
 // only if it matches an impossible value (so the loads are not removed).
 void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStream_t stream = nullptr);
 
-}  // namespace fp4kv::attention::bench
+}  // namespace fp4kv::testing

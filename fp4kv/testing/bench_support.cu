@@ -1,6 +1,8 @@
-#include "fp4kv/attention/bench_support.h"
+// Device helpers of the decode benchmark (bench_support.h): random valid cache pages and
+// queries generated on the device, and the streaming-read bandwidth probe.
+#include "fp4kv/testing/bench_support.h"
 
-namespace fp4kv::attention::bench {
+namespace fp4kv::testing {
 
 namespace {
 
@@ -126,4 +128,4 @@ void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStre
   stream_read_kernel<<<sms * 4, 512, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
 }
 
-}  // namespace fp4kv::attention::bench
+}  // namespace fp4kv::testing

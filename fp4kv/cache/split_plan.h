@@ -1,0 +1,82 @@
+// The split-KV planner: which pool pages a row attends to, and how a row's pages are cut
+// into splits (one decode CTA per split and KV head). One definition for the host and the
+// device: the control kernel (control.cu) plans every decode step with it on the GPU, the
+// host-filled plans of the tests and benchmarks (fp4kv/testing/host_step_plan.h) with the
+// same functions, and the decode attention's combine reads the same page count.
+//
+// Invariants of a RowSplit for a row of `pages` pages and capacity max_splits:
+//   pages == 0  -> splits == 0, pages_per_split == 0 (no split CTA runs);
+//   pages  > 0  -> 1 <= splits <= max_splits, split s covers pages
+//                  [s * pages_per_split, min((s + 1) * pages_per_split, pages)), and every
+//                  split has at least one page ((splits - 1) * pages_per_split < pages).
+#pragma once
+
+#include "fp4kv/core/decode_layout.h"
+#include "fp4kv/core/host_device.h"
+#include "fp4kv/core/recipe.h"
+
+namespace fp4kv::cache {
+
+// Split CTAs the planner aims for per SM when nothing better is known (the control kernel;
+// the benchmark passes a measured one-wave target instead): two per SM keeps every SM busy
+// while a CTA waits on its first pages.
+inline constexpr int kSplitCtasPerSm = 2;
+// SMs assumed by host-filled plans that are given no target (the H200 has 132).
+inline constexpr int kDefaultSmCount = 132;
+
+// Pages of the pool a row with n tokens attends to through the split CTAs (StepPlan's
+// row_pages): the quantized pages of decode_layout for FP4/FP8 caches; every page (the
+// last one partial) for BF16 caches, which keep every token in their pool pages.
+FP4KV_HD int attended_pages(int n_tokens, KvFormat format, bool bf16_sink, bool bf16_recent) {
+  if (n_tokens <= 0) return 0;
+  if (format == KvFormat::bf16) return (n_tokens + kPageTokens - 1) / kPageTokens;
+  return decode_layout(n_tokens, true, bf16_sink, bf16_recent).quant_pages;
+}
+inline int attended_pages(int n_tokens, const Recipe& r) {
+  return attended_pages(n_tokens, r.kv, r.bf16_sink, r.bf16_recent);
+}
+
+// What the planner needs to know about the whole step.
+struct SplitPolicy {
+  int head_rows = 1;    // rows with at least one page, times KV heads: the CTAs of one split each
+  int max_splits = 1;   // capacity of splits per row (StepPlan::max_splits)
+  int target_ctas = 1;  // split CTAs wanted over the whole step
+  int min_pages = 1;    // fewest pages per split (step_plan.h min_split_pages)
+  int forced_pages_per_split = 0;  // > 0: this split size (still capped by max_splits)
+};
+
+struct RowSplit {
+  int splits = 0;
+  int pages_per_split = 0;
+};
+
+FP4KV_HD int ceil_div_pages(int a, int b) { return (a + b - 1) / b; }
+
+// Pages per split for a row of `pages` (> 0) pages: about target_ctas split CTAs over the
+// step, at most max_splits per row, at least min_pages pages per split (or the whole row).
+FP4KV_HD int choose_pages_per_split(int pages, const SplitPolicy& p) {
+  const int head_rows = p.head_rows > 1 ? p.head_rows : 1;
+  int want = ceil_div_pages(p.target_ctas > 1 ? p.target_ctas : 1, head_rows);
+  want = want < p.max_splits ? want : p.max_splits;
+  want = want < pages ? want : pages;
+  want = want > 1 ? want : 1;
+  const int floor_pages = p.min_pages < pages ? p.min_pages : pages;
+  const int even = ceil_div_pages(pages, want);
+  return even > floor_pages ? even : floor_pages;
+}
+
+// The splits of one row: the policy's split size (forced or chosen), raised to the smallest
+// size that needs no more than max_splits splits.
+FP4KV_HD RowSplit plan_row_split(int pages, const SplitPolicy& p) {
+  RowSplit s;
+  if (pages <= 0) return s;
+  int pps = p.forced_pages_per_split > 0 ? p.forced_pages_per_split : choose_pages_per_split(pages, p);
+  const int max_splits = p.max_splits > 1 ? p.max_splits : 1;
+  const int capacity_floor = ceil_div_pages(pages, max_splits);
+  pps = pps > capacity_floor ? pps : capacity_floor;
+  s.pages_per_split = pps;
+  s.splits = ceil_div_pages(pages, pps);
+  return s;
+}
+
+}  // namespace fp4kv::cache

@@ -1,0 +1,95 @@
+// The one split planner (cache/split_plan.h), on the CPU: the invariants of every row's
+// plan over many shapes, agreement with the planner the decode benchmark's numbers were
+// measured with (written out here independently: a loop that raises the split size until
+// the row fits the capacity), and the attended-pages formula.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "fp4kv/cache/split_plan.h"
+#include "fp4kv/cache/step_plan.h"
+
+namespace fp4kv::cache::test {
+namespace {
+
+// The benchmark's original host planner, kept as the specification of plan_row_split.
+int measured_pages_per_split(int pages, int head_rows, int max_splits, int target_ctas, int min_pages) {
+  const int rows = std::max(1, head_rows);
+  int want = std::max(1, (target_ctas + rows - 1) / rows);
+  want = std::min({want, max_splits, pages});
+  int pps = std::max((pages + want - 1) / want, std::min(min_pages, pages));
+  while ((pages + pps - 1) / pps > max_splits) ++pps;
+  return pps;
+}
+
+TEST(SplitPlan, RowsWithoutPagesHaveNoSplits) {
+  SplitPolicy p;
+  p.max_splits = 8;
+  p.target_ctas = 264;
+  const RowSplit s = plan_row_split(0, p);
+  EXPECT_EQ(s.splits, 0);
+  EXPECT_EQ(s.pages_per_split, 0);
+}
+
+TEST(SplitPlan, InvariantsAndTheMeasuredPlannerOverManyShapes) {
+  for (int pages : {1, 2, 3, 7, 8, 9, 31, 40, 41, 100, 257, 1024, 2048})
+    for (int head_rows : {1, 4, 8, 32, 256, 512, 2048})
+      for (int max_splits : {1, 2, 7, 16, 128})
+        for (int target : {1, 132, 264, 1000})
+          for (int min_pages : {1, 2, 4, 8})
+            for (int forced : {0, 1, 5}) {
+              SplitPolicy p;
+              p.head_rows = head_rows;
+              p.max_splits = max_splits;
+              p.target_ctas = target;
+              p.min_pages = min_pages;
+              p.forced_pages_per_split = forced;
+              const RowSplit s = plan_row_split(pages, p);
+              SCOPED_TRACE(::testing::Message() << "pages " << pages << " head_rows " << head_rows << " max_splits "
+                                              << max_splits << " target " << target << " min " << min_pages
+                                              << " forced " << forced);
+              ASSERT_GE(s.splits, 1);
+              ASSERT_LE(s.splits, max_splits);
+              ASSERT_GE(s.splits * s.pages_per_split, pages);       // every page covered
+              ASSERT_LT((s.splits - 1) * s.pages_per_split, pages);  // no empty split
+              if (forced == 0) {
+                ASSERT_EQ(s.pages_per_split, measured_pages_per_split(pages, head_rows, max_splits, target, min_pages));
+              } else {
+                ASSERT_EQ(s.pages_per_split, std::max(forced, (pages + max_splits - 1) / max_splits));
+              }
+            }
+}
+
+TEST(SplitPlan, FullGpuMeansOneSplitPerRow) {
+  SplitPolicy p;
+  p.head_rows = 512;  // 64 rows x 8 KV heads >= 2 x 132 SMs
+  p.max_splits = 16;
+  p.target_ctas = kSplitCtasPerSm * kDefaultSmCount;
+  p.min_pages = 8;
+  for (int pages : {1, 5, 40, 300}) {
+    const RowSplit s = plan_row_split(pages, p);
+    EXPECT_EQ(s.splits, 1) << pages;
+    EXPECT_EQ(s.pages_per_split, pages) << pages;
+  }
+}
+
+TEST(SplitPlan, AttendedPages) {
+  EXPECT_EQ(attended_pages(0, KvFormat::nvfp4, true, true), 0);
+  EXPECT_EQ(attended_pages(-3, KvFormat::bf16, false, false), 0);
+  // BF16 caches attend every page, the last one partial.
+  EXPECT_EQ(attended_pages(1, KvFormat::bf16, true, true), 1);
+  EXPECT_EQ(attended_pages(128, KvFormat::bf16, true, true), 1);
+  EXPECT_EQ(attended_pages(129, KvFormat::bf16, true, true), 2);
+  // Quantized caches: decode_layout's quantized pages.
+  for (int n : {1, 17, 128, 129, 300, 4096, 4097})
+    for (bool sink : {false, true})
+      for (bool recent : {false, true}) {
+        EXPECT_EQ(attended_pages(n, KvFormat::nvfp4, sink, recent), decode_layout(n, true, sink, recent).quant_pages);
+        EXPECT_EQ(attended_pages(n, KvFormat::fp8, sink, recent), decode_layout(n, true, sink, recent).quant_pages);
+      }
+  const Recipe r = parse_recipe("mxfp4-native:no-recent");
+  EXPECT_EQ(attended_pages(300, r), attended_pages(300, KvFormat::mxfp4, r.bf16_sink, false));
+}
+
+}  // namespace
+}  // namespace fp4kv::cache::test
