@@ -31,6 +31,7 @@
 #include "fp4kv/testing/cuda_testing.h"
 #include "fp4kv/testing/host_step_plan.h"
 #include "tools/commands.h"
+#include "tools/csv_args.h"
 
 namespace fp4kv::cli {
 
@@ -39,15 +40,6 @@ namespace {
 using cache::cuda_check;
 using testing::DeviceBuffer;
 using testing::median_event_us;
-
-std::vector<std::string> split_csv(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string t;
-  while (std::getline(in, t, ','))
-    if (!t.empty()) out.push_back(t);
-  return out;
-}
 
 struct Shape {
   std::string name;
@@ -188,30 +180,13 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
   return pt;
 }
 
-// A comma-separated list of positive integers (contexts, batches).
-std::vector<int> positive_ints(const std::string& csv, const char* what) {
-  std::vector<int> out;
-  for (const auto& t : split_csv(csv)) {
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(t, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    require(used == t.size() && v >= 1, std::string("bench: ") + what + " must be positive integers, got '" + t + "'");
-    out.push_back(v);
-  }
-  require(!out.empty(), std::string("bench: no ") + what + " given");
-  return out;
-}
-
 int run_bench(const BenchArgs& A) {
   // Arguments first (clear errors on any machine), then the GPU.
   std::vector<Shape> shapes;
   for (const auto& s : split_csv(A.shapes)) shapes.push_back(shape_of(s));
   require(!shapes.empty(), "bench: no shapes given");
-  const std::vector<int> ctxs = positive_ints(A.contexts, "contexts"), batches = positive_ints(A.batches, "batches");
+  const std::vector<int> ctxs = positive_ints(A.contexts, "bench: contexts");
+  const std::vector<int> batches = positive_ints(A.batches, "bench: batches");
   const auto presets = split_csv(A.presets);
   require(!presets.empty(), "bench: no presets given");
   for (const auto& pr : presets) (void)parse_recipe(pr);  // fail early on a bad name

@@ -11,6 +11,7 @@
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/output_file.h"
 #include "tools/commands.h"
+#include "tools/csv_args.h"
 
 namespace fp4kv::cli {
 
@@ -20,25 +21,6 @@ struct ReportArgs {
   std::string json, markdown, svg, perf_tables;
   std::string contexts = "131072,4096";  // the contexts docs/PERF.md shows
 };
-
-std::vector<int> context_list(const std::string& csv) {
-  std::vector<int> out;
-  std::stringstream in(csv);
-  std::string t;
-  while (std::getline(in, t, ',')) {
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(t, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    require(used == t.size() && v >= 1, "bench-report: --contexts must be positive integers, got '" + t + "'");
-    out.push_back(v);
-  }
-  require(!out.empty(), "bench-report: --contexts is empty");
-  return out;
-}
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -51,7 +33,7 @@ std::string read_text(const std::string& path) {
 int run_bench_report(const ReportArgs& a) {
   require(!a.markdown.empty() || !a.svg.empty() || !a.perf_tables.empty(),
           "bench-report: nothing to write: give --markdown, --svg and/or --perf-tables");
-  const std::vector<int> contexts = context_list(a.contexts);
+  const std::vector<int> contexts = positive_ints(a.contexts, "bench-report: --contexts");
   if (!a.markdown.empty()) check_output_writable(a.markdown, "--markdown");
   if (!a.svg.empty()) check_output_writable(a.svg, "--svg");
   if (!a.perf_tables.empty()) check_output_writable(a.perf_tables, "--perf-tables");

@@ -15,7 +15,6 @@
 
 #include <cuda_runtime.h>
 
-#include "fp4kv/attention/decode.h"
 #include "fp4kv/attention/decode_mainloop.cuh"
 #include "fp4kv/attention/device_common.cuh"
 #include "fp4kv/attention/lse_merge.cuh"
@@ -24,6 +23,7 @@
 #include "fp4kv/attention/sink_recent_part.cuh"
 #include "fp4kv/attention/smem_plan.cuh"
 #include "fp4kv/attention/softmax_state.cuh"
+#include "fp4kv/cache/split_plan.h"
 #include "fp4kv/core/decode_layout.h"
 
 namespace fp4kv::attention::detail {
@@ -130,13 +130,7 @@ __global__ void __launch_bounds__(kThreads, (SplitConfig<F, D, OM, NT>::Plan::kM
   if (err != 0 || b >= rows || n <= 0) return;
   const int G = a.G;
 
-  DecodeLayout lay;
-  if constexpr (!F::kBulk) {  // BF16 pages hold every token
-    lay.quant_pages = (n + kPageTokens - 1) / kPageTokens;
-    lay.last_page_tokens = n - (lay.quant_pages - 1) * kPageTokens;
-  } else {
-    lay = decode_layout(n, true, a.sink != 0, a.recent != 0);
-  }
+  const DecodeLayout lay = cache::attended_layout(n, F::kFormat, a.sink != 0, a.recent != 0);
 
   if (split == a.max_splits) {  // the BF16 sink + recent CTA
     if constexpr (F::kBulk) {

@@ -8,7 +8,7 @@
 
 #include "fp4kv/attention/device_common.cuh"
 #include "fp4kv/attention/query_prologue.cuh"
-#include "fp4kv/attention/decode.h"
+#include "fp4kv/cache/split_plan.h"
 #include "fp4kv/core/decode_layout.h"
 
 namespace fp4kv::attention::detail {
@@ -54,9 +54,10 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
     return;
   }
   const KvFormat f = KvFormat(a.kv_format);
-  const int pages = attended_pages(n, f, a.sink != 0, a.recent != 0);
+  const DecodeLayout lay = cache::attended_layout(n, f, a.sink != 0, a.recent != 0);
+  const int pages = lay.quant_pages;
   const int splits = pages > 0 ? min(row_splits, a.max_splits) : 0;
-  const bool bf = f != KvFormat::bf16 && decode_layout(n, true, a.sink != 0, a.recent != 0).bf16_tokens() > 0;
+  const bool bf = lay.bf16_tokens() > 0;
   const int S1 = a.max_splits + 1;
   const size_t base = (size_t(b) * a.q_heads + qh) * S1;
   // The page splits with work are a prefix 0 .. nsplit - 1; the BF16 part is slot max_splits.

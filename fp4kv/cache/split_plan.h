@@ -24,13 +24,22 @@ inline constexpr int kSplitCtasPerSm = 2;
 // SMs assumed by host-filled plans that are given no target (the H200 has 132).
 inline constexpr int kDefaultSmCount = 132;
 
+// How a row of n tokens (n >= 1) is attended through the split CTAs: decode_layout for
+// FP4/FP8 caches; for BF16 caches, which keep every token in their pool pages, every page
+// (the last one partial) and no BF16 slot rows.
+FP4KV_HD DecodeLayout attended_layout(int n_tokens, KvFormat format, bool bf16_sink, bool bf16_recent) {
+  if (format != KvFormat::bf16) return decode_layout(n_tokens, true, bf16_sink, bf16_recent);
+  DecodeLayout l;
+  l.quant_pages = (n_tokens + kPageTokens - 1) / kPageTokens;
+  l.last_page_tokens = n_tokens - (l.quant_pages - 1) * kPageTokens;
+  return l;
+}
+
 // Pages of the pool a row with n tokens attends to through the split CTAs (StepPlan's
-// row_pages): the quantized pages of decode_layout for FP4/FP8 caches; every page (the
-// last one partial) for BF16 caches, which keep every token in their pool pages.
+// row_pages); 0 for n <= 0.
 FP4KV_HD int attended_pages(int n_tokens, KvFormat format, bool bf16_sink, bool bf16_recent) {
   if (n_tokens <= 0) return 0;
-  if (format == KvFormat::bf16) return (n_tokens + kPageTokens - 1) / kPageTokens;
-  return decode_layout(n_tokens, true, bf16_sink, bf16_recent).quant_pages;
+  return attended_layout(n_tokens, format, bf16_sink, bf16_recent).quant_pages;
 }
 inline int attended_pages(int n_tokens, const Recipe& r) {
   return attended_pages(n_tokens, r.kv, r.bf16_sink, r.bf16_recent);

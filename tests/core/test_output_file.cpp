@@ -11,6 +11,7 @@
 
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/output_file.h"
+#include "fp4kv/testing/error_of.h"
 
 namespace fp4kv {
 namespace {
@@ -28,16 +29,7 @@ std::string read_all(const fs::path& p) {
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
-// The Error message of fn(), or "no error".
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_of;
 
 TEST(OutputFile, WritesTheWholeContent) {
   TempDir dir;

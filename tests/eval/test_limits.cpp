@@ -11,21 +11,14 @@
 #include <fstream>
 
 #include "fp4kv/core/error.h"
+#include "fp4kv/testing/error_of.h"
 
 namespace fp4kv::eval {
 namespace {
 
 namespace fs = std::filesystem;
 
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_of;
 
 model::Qwen3Config small_config(int max_positions) {
   model::Qwen3Config c;

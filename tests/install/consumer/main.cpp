@@ -21,7 +21,7 @@
 #include "fp4kv/ref/quant_page.h"
 
 #ifdef FP4KV_CONSUMER_ATTENTION
-int consumer_pages_per_split();
+bool consumer_decode_checks();
 int consumer_attended_pages();
 #endif
 
@@ -130,7 +130,7 @@ int main() {
     reference_and_cache();
     model_and_eval();
 #ifdef FP4KV_CONSUMER_ATTENTION
-    check(consumer_pages_per_split() == 16, "attention: 4 splits of 16 pages");
+    check(consumer_decode_checks(), "attention: DecodeAttention accepts Qwen3-4B's shape and refuses head_dim 96");
     check(consumer_attended_pages() == 3, "attention: 300 BF16 tokens attend 3 pages");
     std::printf("fp4kv consumer: attention linked\n");
 #endif
