@@ -6,7 +6,7 @@
 # (each tarball from bench/pack_device.sh BUILD_DIR NAME). Results go to $OUT.
 set -o pipefail
 BASE=$1; NEW=$2
-OUT=${OUT:-perf-out}; mkdir -p "$OUT"
+OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 for side in base new; do
   mkdir -p /tmp/ab-$side
   tar -xJf "$([ $side = base ] && echo "$BASE" || echo "$NEW")" -C /tmp/ab-$side || exit 1
