@@ -114,6 +114,16 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ uint32_t half_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
 __device__ __forceinline__ uint32_t bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
+// Element i of an input (query) or output array of either I/O type.
+__device__ __forceinline__ float load_io(const void* p, IoType type, size_t i) {
+  if (type == IoType::bf16) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(p)[i]) << 16);
+  return static_cast<const float*>(p)[i];
+}
+__device__ __forceinline__ void store_io(void* p, IoType type, size_t i, float v) {
+  if (type == IoType::bf16) static_cast<uint16_t*>(p)[i] = uint16_t(bf16_bits(v));
+  else static_cast<float*>(p)[i] = v;
+}
+
 __device__ __forceinline__ float warp_max_xor(float v, int from) {
   for (int o = from; o < 32; o *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;

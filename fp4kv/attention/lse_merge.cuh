@@ -7,7 +7,6 @@
 #pragma once
 
 #include "fp4kv/attention/device_common.cuh"
-#include "fp4kv/attention/query_prologue.cuh"
 #include "fp4kv/cache/split_plan.h"
 #include "fp4kv/core/decode_layout.h"
 

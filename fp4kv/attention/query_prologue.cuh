@@ -17,16 +17,6 @@ namespace fp4kv::attention::detail {
 
 inline constexpr int kNoExponent = -1000;  // an all-zero block: sets no shift
 
-// Element i of an input (query) or output array of either I/O type.
-__device__ __forceinline__ float load_io(const void* p, IoType type, size_t i) {
-  if (type == IoType::bf16) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(p)[i]) << 16);
-  return static_cast<const float*>(p)[i];
-}
-__device__ __forceinline__ void store_io(void* p, IoType type, size_t i, float v) {
-  if (type == IoType::bf16) static_cast<uint16_t*>(p)[i] = uint16_t(bf16_bits(v));
-  else static_cast<float*>(p)[i] = v;
-}
-
 // E consecutive query elements from `offset` (E = 2, 4, 8; offset a multiple of E, the
 // array 16-byte aligned): one vector load of either I/O type, widened to FP32 (exact).
 template <int E>
