@@ -1,0 +1,29 @@
+// Embedding gather on the GPU: out[t] = table[token_ids[t]], BF16 rows of the (BF16)
+// embedding table [vocab][hidden].
+//
+// Invariants: an id outside [0, vocab) is never read through; it ORs kErrorTokenOutOfRange
+// into error_flags[0] (sticky, common.h) and its output row is zero. No host
+// synchronization (graph-capturable). The CPU twin is ref_embedding_gather (reference.h).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace fp4kv::ops {
+
+struct EmbeddingArgs {
+  const int32_t* token_ids = nullptr;    // device [tokens]
+  int tokens = 0;
+  const __nv_bfloat16* table = nullptr;  // device [vocab][hidden]
+  int vocab = 0;
+  int hidden = 0;
+  __nv_bfloat16* out = nullptr;          // device [tokens][hidden]
+  int32_t* error_flags = nullptr;        // device [1], sticky
+};
+
+// Throws fp4kv::Error naming the bad argument (sizes, null pointers) before launching.
+void embedding_gather(const EmbeddingArgs& args, cudaStream_t stream);
+
+}  // namespace fp4kv::ops

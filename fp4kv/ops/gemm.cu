@@ -1,0 +1,112 @@
+// cuBLASLt plan of one GEMM shape (gemm.h): descriptors, layouts, algorithm and workspace
+// are made once here; run() is a single cublasLtMatmul.
+#include "fp4kv/ops/gemm.h"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "fp4kv/cache/cuda_check.h"
+#include "fp4kv/core/error.h"
+
+namespace fp4kv::ops {
+namespace {
+
+constexpr uint32_t kAlignmentBytes = 16;
+
+void cublas_check(cublasStatus_t s, std::string_view what) {
+  if (s != CUBLAS_STATUS_SUCCESS) [[unlikely]] {
+    throw Error("Gemm: " + std::string(what) + ": " + cublasLtGetStatusName(s) + " (" + cublasLtGetStatusString(s) +
+                ")");
+  }
+}
+
+std::string shape_text(const GemmShape& s) {
+  return "m " + std::to_string(s.m) + ", n " + std::to_string(s.n) + ", k " + std::to_string(s.k) +
+         (s.output == GemmOutput::f32 ? ", f32 output" : ", bf16 output");
+}
+
+}  // namespace
+
+Gemm::Gemm(const GemmShape& shape, size_t workspace_bytes) : shape_(shape), workspace_bytes_(workspace_bytes) {
+  require(shape.m > 0 && shape.n > 0 && shape.k > 0, "Gemm: every dimension must be positive (" + shape_text(shape) + ")");
+  try {
+    if (workspace_bytes_ > 0) cache::cuda_check(cudaMalloc(&workspace_, workspace_bytes_), "Gemm: workspace");
+    cublas_check(cublasLtCreate(&handle_), "cublasLtCreate");
+    cublas_check(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+    cublas_check(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose),
+                 "set TRANSA");
+    cublas_check(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep), "set TRANSB");
+    // Column-major: A = W^T' (stored k x n, ld k), B = X^T' (k x m, ld k), D = Y^T' (n x m, ld n).
+    const cudaDataType_t out_type = shape.output == GemmOutput::f32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublas_check(cublasLtMatrixLayoutCreate(&a_, CUDA_R_16BF, shape.k, shape.n, shape.k), "layout A");
+    cublas_check(cublasLtMatrixLayoutCreate(&b_, CUDA_R_16BF, shape.k, shape.m, shape.k), "layout B");
+    cublas_check(cublasLtMatrixLayoutCreate(&d_, out_type, shape.n, shape.m, shape.n), "layout D");
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublas_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    const uint64_t ws = workspace_bytes_;
+    cublasStatus_t s =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &kAlignmentBytes, sizeof kAlignmentBytes);
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (s == CUBLAS_STATUS_SUCCESS) {
+      s = cublasLtMatmulAlgoGetHeuristic(handle_, op_, a_, b_, d_, d_, pref, 1, &result, &found);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublas_check(s, "cublasLtMatmulAlgoGetHeuristic (" + shape_text(shape) + ")");
+    require(found > 0, "Gemm: cuBLASLt has no algorithm for " + shape_text(shape) + " within a workspace of " +
+                           std::to_string(workspace_bytes_) + " bytes");
+    algo_ = result.algo;
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+Gemm::~Gemm() { release(); }
+
+void Gemm::release() noexcept {
+  if (d_) cublasLtMatrixLayoutDestroy(d_);
+  if (b_) cublasLtMatrixLayoutDestroy(b_);
+  if (a_) cublasLtMatrixLayoutDestroy(a_);
+  if (op_) cublasLtMatmulDescDestroy(op_);
+  if (handle_) cublasLtDestroy(handle_);
+  if (workspace_) cudaFree(workspace_);
+  d_ = b_ = a_ = nullptr;
+  op_ = nullptr;
+  handle_ = nullptr;
+  workspace_ = nullptr;
+}
+
+void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t stream) const {
+  require(shape_.output == GemmOutput::bf16, "Gemm::run: BF16 output given to a plan of " + shape_text(shape_));
+  run_any(x, w, y, stream);
+}
+
+void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, cudaStream_t stream) const {
+  require(shape_.output == GemmOutput::f32, "Gemm::run: FP32 output given to a plan of " + shape_text(shape_));
+  run_any(x, w, y, stream);
+}
+
+void Gemm::run_any(const void* x, const void* w, void* y, cudaStream_t stream) const {
+  // Messages are built only on failure: run() is on the decode step's hot path.
+  if (!x || !w || !y) throw Error("Gemm::run: a device pointer is null (" + shape_text(shape_) + ")");
+  for (const void* p : {x, w, static_cast<const void*>(y)}) {
+    if (reinterpret_cast<uintptr_t>(p) % kAlignmentBytes != 0) {
+      throw Error("Gemm::run: pointer " + std::to_string(reinterpret_cast<uintptr_t>(p)) + " is not " +
+                  std::to_string(kAlignmentBytes) + "-byte aligned");
+    }
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t s = cublasLtMatmul(handle_, op_, &alpha, w, a_, x, b_, &beta, y, d_, y, d_, &algo_,
+                                          workspace_, workspace_bytes_, stream);
+  if (s != CUBLAS_STATUS_SUCCESS) cublas_check(s, "cublasLtMatmul (" + shape_text(shape_) + ")");
+}
+
+}  // namespace fp4kv::ops

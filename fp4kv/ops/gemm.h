@@ -1,0 +1,61 @@
+// Y[M][N] = X[M][K] W[N][K]^T through cuBLASLt (torch.nn.Linear, weights as Hugging Face
+// stores them), BF16 inputs, FP32 accumulation, BF16 or FP32 output (the FP32 variant is the
+// LM head: the final hidden states times the tied embedding table [vocab][hidden]).
+//
+// A Gemm is the plan of one shape: the constructor creates the cuBLASLt handle, the matmul
+// descriptor and the three layouts, asks the heuristic once for the algorithm, and allocates
+// the workspace; run() only launches (no allocation, no host synchronization: capturable in
+// a CUDA graph). Row-major Y = X W^T is the column-major Y^T = W^T' X^T', i.e. cuBLAS's
+// A = W (transposed, ld K), B = X (ld K), D = Y^T (ld N).
+//
+// Invariants: pointers passed to run() must be 16-byte aligned (the heuristic is asked for
+// algorithms under that alignment); errors are fp4kv::Error with the cuBLAS status name.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+namespace fp4kv::ops {
+
+enum class GemmOutput { bf16, f32 };
+
+struct GemmShape {
+  int m = 0;  // rows of X and Y (tokens)
+  int n = 0;  // rows of W, columns of Y (output features)
+  int k = 0;  // columns of X and W (input features)
+  GemmOutput output = GemmOutput::bf16;
+};
+
+inline constexpr size_t kDefaultGemmWorkspaceBytes = size_t(32) << 20;
+
+class Gemm {
+ public:
+  // Throws fp4kv::Error for a non-positive dimension, a cuBLAS failure, or when no algorithm fits.
+  explicit Gemm(const GemmShape& shape, size_t workspace_bytes = kDefaultGemmWorkspaceBytes);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // x: device [m][k], w: device [n][k], y: device [m][n]; the overload must match shape().output.
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t stream) const;
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, cudaStream_t stream) const;
+
+  const GemmShape& shape() const { return shape_; }
+
+ private:
+  void run_any(const void* x, const void* w, void* y, cudaStream_t stream) const;
+  void release() noexcept;
+
+  GemmShape shape_;
+  size_t workspace_bytes_ = 0;
+  void* workspace_ = nullptr;
+  cublasLtHandle_t handle_ = nullptr;
+  cublasLtMatmulDesc_t op_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+};
+
+}  // namespace fp4kv::ops

@@ -1,0 +1,141 @@
+// QK-norm + RoPE kernel: one warp per (token, head) over the q, k and v heads of the QKV
+// row; a lane handles the rotation pairs (i, i + half) for i = lane, lane + 32, ...
+#include "fp4kv/ops/qk_norm_rope.h"
+
+#include <cmath>
+#include <string>
+
+#include "fp4kv/cache/cuda_check.h"
+#include "fp4kv/core/error.h"
+#include "fp4kv/core/half.h"
+#include "fp4kv/ops/common.h"
+#include "fp4kv/ops/hd_math.h"
+
+namespace fp4kv::ops {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kThreads = kWarpsPerBlock * 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+__device__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off /= 2) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, off));
+  return v;
+}
+
+// Normalizes and rotates one head x[head_dim] into `store(i, value)`.
+struct HeadIo {
+  const __nv_bfloat16* x;
+  const __nv_bfloat16* weight;
+  const __nv_bfloat16* cos_row;  // null: position out of range (outputs zero)
+  const __nv_bfloat16* sin_row;
+  __nv_bfloat16* out_bf16;  // one of the two outputs is set
+  float* out_f32;
+};
+
+__device__ void store(const HeadIo& io, int i, float value) {
+  if (io.out_bf16 != nullptr) {
+    io.out_bf16[i] = __float2bfloat16_rn(value);
+  } else {
+    io.out_f32[i] = value;
+  }
+}
+
+__device__ void norm_rope_head(const HeadIo& io, int head_dim, float eps) {
+  const int lane = threadIdx.x % 32, half = head_dim / 2;
+  float ss = 0.0f;
+  for (int i = lane; i < head_dim; i += 32) {
+    const float v = __bfloat162float(io.x[i]);
+    ss = __fadd_rn(ss, __fmul_rn(v, v));
+  }
+  const float r = rms_scale(__fdiv_rn(warp_sum(ss), float(head_dim)), eps);
+  for (int i = lane; i < half; i += 32) {
+    if (io.cos_row == nullptr) {
+      store(io, i, 0.0f);
+      store(io, i + half, 0.0f);
+      continue;
+    }
+    const float n1 = bf16_round(__fmul_rn(__bfloat162float(io.weight[i]),
+                                          bf16_round(__fmul_rn(__bfloat162float(io.x[i]), r))));
+    const float n2 = bf16_round(__fmul_rn(__bfloat162float(io.weight[i + half]),
+                                          bf16_round(__fmul_rn(__bfloat162float(io.x[i + half]), r))));
+    const float c = __bfloat162float(io.cos_row[i]), s = __bfloat162float(io.sin_row[i]);
+    store(io, i, bf16_round(__fsub_rn(bf16_round(__fmul_rn(n1, c)), bf16_round(__fmul_rn(n2, s)))));
+    store(io, i + half, bf16_round(__fadd_rn(bf16_round(__fmul_rn(n2, c)), bf16_round(__fmul_rn(n1, s)))));
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRopeArgs a) {
+  const int heads = a.q_heads + 2 * a.kv_heads;
+  const int64_t job = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (job >= int64_t(a.tokens) * heads) return;
+  const int t = int(job / heads), j = int(job % heads), lane = threadIdx.x % 32, d = a.head_dim;
+  const __nv_bfloat16* x = a.qkv + (size_t(t) * heads + j) * d;
+  if (j >= a.q_heads + a.kv_heads) {  // v: a copy
+    float* dst = a.v + (size_t(t) * a.kv_heads + (j - a.q_heads - a.kv_heads)) * d;
+    for (int i = lane; i < d; i += 32) dst[i] = __bfloat162float(x[i]);
+    return;
+  }
+  const int pos = a.positions[t];
+  const bool valid = pos >= 0 && pos < a.rope_positions;
+  if (!valid && lane == 0 && j == 0) atomicOr(a.error_flags, kErrorPositionOutOfRange);
+  const size_t rope_row = size_t(valid ? pos : 0) * (d / 2);
+  HeadIo io{x, nullptr, valid ? a.rope_cos + rope_row : nullptr, valid ? a.rope_sin + rope_row : nullptr,
+            nullptr, nullptr};
+  if (j < a.q_heads) {
+    io.weight = a.q_norm;
+    io.out_bf16 = a.q + (size_t(t) * a.q_heads + j) * d;
+  } else {
+    io.weight = a.k_norm;
+    io.out_f32 = a.k + (size_t(t) * a.kv_heads + (j - a.q_heads)) * d;
+  }
+  norm_rope_head(io, d, a.eps);
+}
+
+}  // namespace
+
+RopeTable make_rope_table(int head_dim, double rope_theta, int positions) {
+  require(head_dim > 0 && head_dim % 2 == 0,
+          "make_rope_table: head_dim " + std::to_string(head_dim) + " must be positive and even");
+  require(rope_theta > 0, "make_rope_table: rope_theta " + std::to_string(rope_theta) + " must be positive");
+  require(positions > 0, "make_rope_table: positions " + std::to_string(positions) + " must be positive");
+  RopeTable t;
+  t.head_dim = head_dim;
+  t.positions = positions;
+  const int half = head_dim / 2;
+  t.cos_bits.resize(size_t(positions) * half);
+  t.sin_bits.resize(t.cos_bits.size());
+  for (int i = 0; i < half; ++i) {
+    // transformers (default RoPE) in float32, as model/qwen3.cpp.
+    const float inv_freq = 1.0f / std::pow(float(rope_theta), float(2 * i) / float(head_dim));
+    for (int p = 0; p < positions; ++p) {
+      const float angle = float(p) * inv_freq;
+      t.cos_bits[size_t(p) * half + i] = float_to_bf16_bits(std::cos(angle));
+      t.sin_bits[size_t(p) * half + i] = float_to_bf16_bits(std::sin(angle));
+    }
+  }
+  return t;
+}
+
+void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
+  require(a.tokens >= 0, "qk_norm_rope: tokens " + std::to_string(a.tokens) + " is negative");
+  require(a.q_heads > 0 && a.kv_heads > 0, "qk_norm_rope: q_heads " + std::to_string(a.q_heads) + " and kv_heads " +
+                                               std::to_string(a.kv_heads) + " must be positive");
+  require(a.head_dim > 0 && a.head_dim % 2 == 0,
+          "qk_norm_rope: head_dim " + std::to_string(a.head_dim) + " must be positive and even");
+  require(a.rope_positions > 0, "qk_norm_rope: rope_positions " + std::to_string(a.rope_positions) +
+                                    " must be positive");
+  require(a.eps >= 0.0f, "qk_norm_rope: eps " + std::to_string(a.eps) + " is negative");
+  if (a.tokens == 0) return;
+  require(a.qkv && a.positions && a.q_norm && a.k_norm && a.rope_cos && a.rope_sin && a.q && a.k && a.v &&
+              a.error_flags,
+          "qk_norm_rope: a device pointer is null");
+  const int64_t warps = int64_t(a.tokens) * (a.q_heads + 2 * a.kv_heads);
+  const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  qk_norm_rope_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a);
+  cache::cuda_check_launch("qk_norm_rope");
+}
+
+}  // namespace fp4kv::ops
