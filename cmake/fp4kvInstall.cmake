@@ -12,7 +12,7 @@ include(CMakePackageConfigHelpers)
 set(FP4KV_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/fp4kv)
 
 # The layers, lowest first (the package's component names).
-set(_fp4kv_all_layers core ref model eval cache attention ops)
+set(_fp4kv_all_layers core ref model eval engine cache attention ops)
 set(FP4KV_INSTALLED_LAYERS "")
 set(_fp4kv_targets "")
 foreach(_layer IN LISTS _fp4kv_all_layers)

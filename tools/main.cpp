@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   add(fp4kv::cli::add_calibrate);
   add(fp4kv::cli::add_quantize);
   add(fp4kv::cli::add_check_model);
+  add(fp4kv::cli::add_generate);
   add(fp4kv::cli::add_bench_report);
 #ifdef FP4KV_HAVE_CUDA
   add(fp4kv::cli::add_bench);

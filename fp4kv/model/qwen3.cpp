@@ -248,6 +248,15 @@ std::vector<float> Qwen3Model::forward(const std::vector<int>& tokens, Capture* 
   return forward(tokens, exact_attention(), capture);
 }
 
+std::vector<float> Qwen3Model::last_logits(const KvState* prefix, const std::vector<int>& tokens,
+                                           const AttentionFn& attend, KvState* state) const {
+  require(bool(attend), "Qwen3Model::last_logits: no attention function");
+  require(!tokens.empty(), "Qwen3Model::last_logits: no tokens");
+  require(prefix == nullptr || int(prefix->k.size()) == config_.num_hidden_layers,
+          "Qwen3Model::last_logits: the prefix state is empty");
+  return run(tokens.data(), int(tokens.size()), prefix, attend, nullptr, state, true);
+}
+
 std::vector<float> Qwen3Model::extend(const KvState& prefix, const std::vector<int>& tokens, const AttentionFn& attend,
                                       KvState* state) const {
   require(bool(attend), "Qwen3Model::extend: no attention function");

@@ -70,6 +70,11 @@ class Qwen3Model {
   // `state` (may be &prefix), the extended K/V.
   std::vector<float> extend(const KvState& prefix, const std::vector<int>& tokens, const AttentionFn& attend,
                             KvState* state = nullptr) const;
+  // Logits [vocab] of the last of `tokens`, run at positions prefix->length.. (0.. when
+  // prefix is null); with `state` (may be prefix), the extended K/V. What a generator needs
+  // per step: no [L][vocab] logits of a long prompt.
+  std::vector<float> last_logits(const KvState* prefix, const std::vector<int>& tokens, const AttentionFn& attend,
+                                 KvState* state) const;
   // An AttentionFn that runs exact causal attention with this model's head counts.
   AttentionFn exact_attention() const;
 

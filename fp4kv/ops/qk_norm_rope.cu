@@ -9,7 +9,7 @@
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/half.h"
 #include "fp4kv/ops/common.h"
-#include "fp4kv/ops/hd_math.h"
+#include "fp4kv/core/hd_math.h"
 
 namespace fp4kv::ops {
 namespace {

@@ -7,8 +7,7 @@
 #include "fp4kv/core/half.h"
 #include "fp4kv/core/parallel.h"
 #include "fp4kv/ops/common.h"
-#include "fp4kv/ops/hd_math.h"
-#include "fp4kv/ops/sampling_rule.h"
+#include "fp4kv/core/hd_math.h"
 
 namespace fp4kv::ops {
 namespace {
@@ -32,76 +31,6 @@ std::vector<uint16_t> norm_rows(const std::vector<float>& x, const std::vector<u
     for (int i = 0; i < n; ++i) y[size_t(r) * n + i] = float_to_bf16_bits(tmp[size_t(i)]);
   }
   return y;
-}
-
-// The fixed sum of sampling.h over partials[kSampleThreads]: a tree within each warp, then
-// the same tree over the warp results.
-float fixed_tree_sum(std::vector<float>& partials) {
-  float warp_results[kSampleThreads / kSampleWarp];
-  for (int w = 0; w < kSampleThreads / kSampleWarp; ++w) {
-    float* p = partials.data() + size_t(w) * kSampleWarp;
-    for (int off = kSampleWarp / 2; off > 0; off /= 2)
-      for (int l = 0; l < off; ++l) p[l] = p[l] + p[l + off];
-    warp_results[w] = p[0];
-  }
-  for (int off = kSampleWarp / 2; off > 0; off /= 2)
-    for (int l = 0; l < off; ++l) warp_results[l] = warp_results[l] + warp_results[l + off];
-  return warp_results[0];
-}
-
-struct TwinRow {
-  const std::vector<float>& weights;
-  int vocab;
-};
-
-float twin_fixed_sum(const TwinRow& row, Prefix c, Prefix p) {
-  std::vector<float> partials(kSampleThreads, 0.0f);
-  for (int t = 0; t < kSampleThreads; ++t) {
-    float acc = 0.0f;
-    for (int i = t; i < row.vocab; i += kSampleThreads) {
-      const uint32_t b = float_bits(row.weights[size_t(i)]);
-      if (in_prefix(b, i, c) && in_prefix(b, i, p)) acc = acc + row.weights[size_t(i)];
-    }
-    partials[size_t(t)] = acc;
-  }
-  return fixed_tree_sum(partials);
-}
-
-struct TwinTopK {
-  const TwinRow& row;
-  int k;
-  bool operator()(Prefix p) const {
-    int n = 0;
-    for (int i = 0; i < row.vocab; ++i) n += in_prefix(float_bits(row.weights[size_t(i)]), i, p);
-    return n >= k;
-  }
-};
-struct TwinMassAtLeast {
-  const TwinRow& row;
-  Prefix within;
-  float goal;
-  bool operator()(Prefix p) const {
-    const float s = twin_fixed_sum(row, within, p);
-    return s > 0.0f && s >= goal;
-  }
-};
-struct TwinMassAbove {
-  const TwinRow& row;
-  Prefix within;
-  float target;
-  bool operator()(Prefix p) const { return twin_fixed_sum(row, within, p) > target; }
-};
-
-int greedy_index(const float* logits, int vocab) {
-  float best = -std::numeric_limits<float>::infinity();
-  int best_i = -1;
-  for (int i = 0; i < vocab; ++i) {
-    if (logits[i] > best) {
-      best = logits[i];
-      best_i = i;
-    }
-  }
-  return best_i < 0 ? 0 : best_i;
 }
 
 }  // namespace
@@ -215,24 +144,6 @@ GemmReference ref_gemm(const std::vector<uint16_t>& x, const std::vector<uint16_
     }
   });
   return r;
-}
-
-int32_t ref_sample(const float* logits, int vocab, const SamplingRow& p) {
-  const int greedy = greedy_index(logits, vocab);
-  if (!(p.temperature > 0.0f)) return greedy;
-  const float m = logits[greedy] / p.temperature;
-  std::vector<float> weights(static_cast<size_t>(vocab));
-  for (int i = 0; i < vocab; ++i) weights[size_t(i)] = exp_nonpositive(logits[i] / p.temperature - m);
-  const TwinRow row{weights, vocab};
-  Prefix kept = all_tokens(vocab);
-  if (uses_top_k(p, vocab)) kept = shortest_prefix(vocab, TwinTopK{row, p.top_k});
-  if (uses_top_p(p)) {
-    const float goal = p.top_p * twin_fixed_sum(row, kept, all_tokens(vocab));
-    kept = shortest_prefix(vocab, TwinMassAtLeast{row, kept, goal});
-  }
-  const float total = twin_fixed_sum(row, kept, all_tokens(vocab));
-  const float target = sampling_uniform(p) * total;
-  return shortest_prefix(vocab, TwinMassAbove{row, kept, target}).index;
 }
 
 }  // namespace fp4kv::ops

@@ -50,7 +50,4 @@ struct GemmReference {
 };
 GemmReference ref_gemm(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w, int m, int n, int k);
 
-// The token sampling.h's rule picks for one row of logits [vocab].
-int32_t ref_sample(const float* logits, int vocab, const SamplingRow& params);
-
 }  // namespace fp4kv::ops

@@ -7,7 +7,7 @@
 
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
-#include "fp4kv/ops/hd_math.h"
+#include "fp4kv/core/hd_math.h"
 
 namespace fp4kv::ops {
 namespace {

@@ -6,7 +6,7 @@
 //   add_rms_norm only:  s_i = bf16(residual_i + delta_i), stored back into residual
 //                       (transformers adds two BF16 tensors); the norm reads s.
 //   ss = sum_i x_i^2 (FP32; the kernel's order: strided per-thread sums, then a tree)
-//   r  = 1 / sqrt(ss / n + eps)         (IEEE sqrt and division, hd_math.h rms_scale)
+//   r  = 1 / sqrt(ss / n + eps)         (IEEE sqrt and division, core/hd_math.h rms_scale)
 //   h_i = bf16(x_i * r)                 (hidden_states.to(input_dtype))
 //   y_i = bf16(weight_i * h_i)          (weight * h in BF16)
 // Only the order of the sum of squares is not specified; the CPU twin sums in double.

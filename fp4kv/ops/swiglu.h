@@ -3,7 +3,7 @@
 // Layout: gate_up [rows][2 intermediate], the gate projection's columns first, then the
 // up projection's (the row order of the stacked weight w_gate_up in model/qwen3.cpp).
 // Rounding points: a = bf16(silu(gate)) (transformers' act_fn on a BF16 tensor), then
-// out = bf16(a * up). silu is hd_math.h's, bit-identical on host and device, so the CPU
+// out = bf16(a * up). silu is core/hd_math.h's, bit-identical on host and device, so the CPU
 // twin (reference.h) agrees bit for bit. No host synchronization.
 #pragma once
 

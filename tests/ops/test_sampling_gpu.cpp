@@ -36,7 +36,7 @@ void check_rows(int vocab, int rows, float logit_std, const Params& pr, uint32_t
   sampler.run(d_logits.get(), rows, d_params.get(), d_tokens.get(), nullptr);
   const auto tokens = d_tokens.download();
   for (int r = 0; r < rows; ++r) {
-    ASSERT_EQ(tokens[size_t(r)], ref_sample(logits.data() + size_t(r) * vocab, vocab, params[size_t(r)]))
+    ASSERT_EQ(tokens[size_t(r)], ref::sample_token(logits.data() + size_t(r) * vocab, vocab, params[size_t(r)]))
         << "vocab " << vocab << " row " << r << " T " << pr.t << " k " << pr.k << " p " << pr.p;
   }
 }

@@ -8,9 +8,8 @@
 
 #include "fp4kv/core/half.h"
 #include "fp4kv/ops/common.h"
-#include "fp4kv/ops/hd_math.h"
+#include "fp4kv/core/hd_math.h"
 #include "fp4kv/ops/reference.h"
-#include "fp4kv/ops/sampling_rule.h"
 
 namespace fp4kv::ops {
 namespace {
@@ -81,72 +80,6 @@ TEST(Twins, SwigluIsSiluTimesUp) {
   const auto out = ref_swiglu(bits_of({0.0f, 2.0f, 3.0f, -1.0f}), 1, 2);
   EXPECT_EQ(out[0], float_to_bf16_bits(0.0f));
   EXPECT_EQ(out[1], float_to_bf16_bits(round_bf16(silu(2.0f)) * -1.0f));
-}
-
-SamplingRow sampled(float t, int k, float p, uint64_t seed, uint64_t step = 0) {
-  SamplingRow r;
-  r.temperature = t;
-  r.top_k = k;
-  r.top_p = p;
-  r.seed = seed;
-  r.request_id = 7;
-  r.step = step;
-  return r;
-}
-
-TEST(Twins, GreedyTakesTheLowestIndexOfTies) {
-  const std::vector<float> logits = {1, 5, 2, 5, NAN};
-  EXPECT_EQ(ref_sample(logits.data(), 5, sampled(0.0f, 0, 1.0f, 0)), 1);
-}
-
-TEST(Twins, TopOneIsGreedyAndTiesInTopKGoToTheLowerIndex) {
-  const std::vector<float> logits = {0, 3, 1, 3, 2};
-  for (uint64_t seed = 0; seed < 50; ++seed) {
-    EXPECT_EQ(ref_sample(logits.data(), 5, sampled(1.0f, 1, 1.0f, seed)), 1);
-    const int32_t t = ref_sample(logits.data(), 5, sampled(1.0f, 2, 1.0f, seed));
-    EXPECT_TRUE(t == 1 || t == 3) << t;
-  }
-}
-
-TEST(Twins, NucleusKeepsTheShortestPrefixReachingTopP) {
-  // Probabilities ~ (0.5, 0.3, 0.2) (logits log p): top_p 0.5 keeps token 0 only, top_p 0.7
-  // keeps tokens 0 and 1, never 2.
-  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
-  std::map<int, int> seen;
-  for (uint64_t seed = 0; seed < 400; ++seed) {
-    EXPECT_EQ(ref_sample(logits.data(), 3, sampled(1.0f, 0, 0.5f, seed)), 0);
-    ++seen[ref_sample(logits.data(), 3, sampled(1.0f, 0, 0.7f, seed))];
-  }
-  EXPECT_EQ(seen.count(2), 0u);
-  EXPECT_GT(seen[1], 100);  // ~ 0.3 / 0.8 of 400
-  EXPECT_LT(seen[1], 200);
-}
-
-TEST(Twins, FrequenciesFollowTheSoftmax) {
-  const std::vector<float> logits = {0.0f, std::log(3.0f)};  // p = (0.25, 0.75)
-  int ones = 0;
-  constexpr int kDraws = 4000;
-  for (int s = 0; s < kDraws; ++s) ones += ref_sample(logits.data(), 2, sampled(1.0f, 0, 1.0f, 99, uint64_t(s)));
-  EXPECT_NEAR(double(ones) / kDraws, 0.75, 0.03);  // ~4.4 standard deviations
-}
-
-TEST(Twins, ShortestPrefixFindsTheKthToken) {
-  // Weights (as a count condition): the prefix of length 3 in (w desc, index asc) order.
-  const std::vector<float> w = {0.5f, 1.0f, 0.5f, 0.25f, 0.5f};
-  struct CountAtLeast {
-    const std::vector<float>& w;
-    int k;
-    bool operator()(Prefix p) const {
-      int n = 0;
-      for (int i = 0; i < int(w.size()); ++i) n += in_prefix(float_bits(w[size_t(i)]), i, p);
-      return n >= k;
-    }
-  };
-  EXPECT_EQ(shortest_prefix(5, CountAtLeast{w, 1}).index, 1);
-  EXPECT_EQ(shortest_prefix(5, CountAtLeast{w, 2}).index, 0);
-  EXPECT_EQ(shortest_prefix(5, CountAtLeast{w, 3}).index, 2);
-  EXPECT_EQ(shortest_prefix(5, CountAtLeast{w, 4}).index, 4);
-  EXPECT_EQ(shortest_prefix(5, CountAtLeast{w, 5}).index, 3);
 }
 
 }  // namespace

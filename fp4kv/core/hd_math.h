@@ -1,5 +1,5 @@
-// Float32 functions that give bit-identical results on the host and the device, so the CPU
-// twins of the ops reproduce the kernels exactly where the op's definition allows it: every
+// Float32 functions that give bit-identical results on the host and the device, so CPU
+// twins reproduce the kernels exactly where the op's definition allows it: every
 // operation is one IEEE round-to-nearest op (core/host_device.h), never contracted into an
 // FMA, never a fast-math intrinsic.
 //
@@ -10,7 +10,7 @@
 
 #include "fp4kv/core/host_device.h"
 
-namespace fp4kv::ops {
+namespace fp4kv {
 
 FP4KV_HD float exp_nonpositive(float x) {
   constexpr float kLowest = -87.0f;  // exp(-87) is still a normal float; below, the result is 0
@@ -49,4 +49,4 @@ FP4KV_HD float rms_scale(float mean_square, float eps) {
 #endif
 }
 
-}  // namespace fp4kv::ops
+}  // namespace fp4kv

@@ -1,0 +1,74 @@
+// `fp4kv generate` as a user runs it: the streamed text on stdout, the statistics on
+// stderr, the same text for the same seed, and a clear error for each bad input.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "cli.h"
+
+namespace fp4kv::test {
+namespace {
+
+const std::string kModel = std::string(FP4KV_SOURCE_DIR) + "/models/pk8l";
+
+TEST(CliGenerate, StreamsTextThenPrintsStatisticsOnStderr) {
+  const std::string base = cli_path() + " generate --model " + kModel + " --prompt 'The cat sat on the' --max-tokens 12";
+  const CliResult out = run_cli_in_shell(base + " 2>/dev/null");
+  ASSERT_EQ(out.code, 0) << out.output;
+  EXPECT_FALSE(out.output.empty());
+  EXPECT_EQ(out.output.find("[fp4kv generate]"), std::string::npos) << "statistics belong on stderr";
+  const CliResult err = run_cli_in_shell(base + " 2>&1 >/dev/null");
+  ASSERT_EQ(err.code, 0) << err.output;
+  for (const char* what : {"prompt 19 tokens", "prefill", "ms per output token", "tokens/s", "kv nvfp4"})
+    EXPECT_NE(err.output.find(what), std::string::npos) << what << " missing in: " << err.output;
+}
+
+TEST(CliGenerate, SameSeedSameTextAcrossRuns) {
+  const std::string args = "generate --model " + kModel +
+                           " --prompt 'Once upon a time' --max-tokens 10 --temperature 1.2 --top-p 0.9 --seed 7 "
+                           "--kv mxfp4-native 2>/dev/null";
+  const CliResult a = run_cli(args), b = run_cli(args);
+  ASSERT_EQ(a.code, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
+}
+
+TEST(CliGenerate, PromptFromAFile) {
+  const std::filesystem::path p = std::filesystem::temp_directory_path() / "fp4kv_generate_prompt.txt";
+  std::ofstream(p) << "The cat sat on the";
+  const CliResult a = run_cli("generate --model " + kModel + " --prompt-file " + p.string() + " --max-tokens 6 2>/dev/null");
+  const CliResult b = run_cli("generate --model " + kModel + " --prompt 'The cat sat on the' --max-tokens 6 2>/dev/null");
+  std::filesystem::remove(p);
+  ASSERT_EQ(a.code, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
+}
+
+TEST(CliGenerate, BadInputsGetClearErrors) {
+  const std::string m = "generate --model " + kModel + " ";
+  const struct {
+    std::string args, message;
+  } cases[] = {
+      {m + "--prompt hi --kv nvfp5", "nvfp5"},
+      {m + "--prompt ''", "prompt is empty"},
+      {m, "--prompt"},
+      {m + "--prompt hi --prompt-file /etc/hostname", "one"},
+      {m + "--prompt hi --max-tokens 0", "--max-tokens"},
+      {m + "--prompt hi --max-tokens 40000", "context"},
+      {m + "--prompt hi --temperature -1", "temperature"},
+      {m + "--prompt hi --top-p 1.5", "top_p"},
+      {m + "--prompt hi --device cuda", "GPU engine"},
+      {m + "--prompt hi --device tpu", "--device"},
+      {m + "--prompt-file /tmp", "directory"},
+      {"generate --model /nonexistent --prompt hi", "/nonexistent"},
+  };
+  for (const auto& c : cases) {
+    const CliResult r = run_cli(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace fp4kv::test
