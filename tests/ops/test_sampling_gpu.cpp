@@ -6,6 +6,7 @@
 #include <random>
 
 #include "fp4kv/ops/reference.h"
+#include "fp4kv/ref/sampling.h"
 #include "fp4kv/ops/sampling.h"
 #include "ops_test_util.h"
 
