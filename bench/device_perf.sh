@@ -31,6 +31,10 @@ if [ "$WHAT" != bench ]; then
   grep -E "^\[  (FAILED|PASSED)|Failure|tests ran" /tmp/step.log | head -10
   timeout 200 $B/fp4kv_cache_tests > /tmp/cache.log 2>&1; st=$?; cat /tmp/cache.log >> "$OUT"/tests.log; (exit $st); echo "cache tests rc=$?"
   grep -E "^\[  (FAILED|PASSED)|Failure|tests ran" /tmp/cache.log | head -10
+  if [ -x $B/fp4kv_ops_gpu_tests ]; then
+    timeout 200 $B/fp4kv_ops_gpu_tests > /tmp/ops.log 2>&1; st=$?; cat /tmp/ops.log >> "$OUT"/tests.log; (exit $st); echo "ops tests rc=$?"
+    grep -E "^\[  (FAILED|PASSED)|Failure|tests ran" /tmp/ops.log | head -10
+  fi
   if [ -n "$SANITIZE" ]; then  # a gtest filter
     for tool in memcheck racecheck synccheck; do
       timeout 150 compute-sanitizer --tool $tool $B/fp4kv_attention_tests --gtest_filter="$SANITIZE" > "$OUT"/$tool.log 2>&1
