@@ -1,0 +1,34 @@
+// What the scheduler drives: a model that keeps per-request K/V state, extends it by a run of
+// tokens (prefill chunk) or by one token each for a batch (decode), and forgets it (drop).
+// The CPU backend (cpu_backend.h) is the float32 runner over the recipe's quantized cache;
+// the GPU engine is a second implementation.
+//
+// Invariants: a request's state holds the K/V of the tokens fed to it so far, in order; the
+// first prefill of a request (or the first after drop) starts at position 0; logits are
+// [vocab] per row, for the last token fed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace fp4kv::engine {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual int vocab_size() const = 0;
+  virtual bool is_eos(int token) const = 0;
+  // Longest sequence (prompt + generated) the model takes; 0 when unbounded.
+  virtual int max_positions() const = 0;
+
+  // Feeds `tokens` (non-empty) to `request`'s state, creating it when absent; returns the
+  // logits [vocab] of the last of them.
+  virtual std::vector<float> prefill(uint64_t request, const std::vector<int>& tokens) = 0;
+  // Feeds tokens[i] to requests[i]'s (existing) state; returns logits [n][vocab].
+  virtual std::vector<float> decode(const std::vector<uint64_t>& requests, const std::vector<int>& tokens) = 0;
+  // Forgets `request`'s state (no-op when it has none).
+  virtual void drop(uint64_t request) = 0;
+};
+
+}  // namespace fp4kv::engine
