@@ -103,7 +103,9 @@ void expect_batch_equals_alone(const SchedulerConfig& config, bool expect_preemp
   EXPECT_EQ(k.blocks_used, 0);
   EXPECT_EQ(k.blocks_free, config.total_blocks);
   EXPECT_EQ(k.finished, (long long)cases.size());
-  if (expect_preemptions) EXPECT_GT(k.preemptions, 0);
+  if (expect_preemptions) {
+    EXPECT_GT(k.preemptions, 0);
+  }
   e.check_blocks();
 }
 
