@@ -14,6 +14,9 @@ Action add_calibrate(CLI::App& app);
 Action add_check_model(CLI::App& app);
 Action add_generate(CLI::App& app);  // `fp4kv generate`: prompt -> streamed tokens
 Action add_bench_report(CLI::App& app);  // `fp4kv bench-report`: render a decode sweep's JSON
+#ifdef FP4KV_HAVE_HTTPLIB
+Action add_serve(CLI::App& app);  // `fp4kv serve`: OpenAI-compatible HTTP server (with cpp-httplib)
+#endif
 #ifdef FP4KV_HAVE_CUDA
 Action add_bench(CLI::App& app);  // `fp4kv bench decode` (CUDA builds only)
 #endif

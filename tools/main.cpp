@@ -22,6 +22,9 @@ int main(int argc, char** argv) {
   add(fp4kv::cli::add_check_model);
   add(fp4kv::cli::add_generate);
   add(fp4kv::cli::add_bench_report);
+#ifdef FP4KV_HAVE_HTTPLIB
+  add(fp4kv::cli::add_serve);
+#endif
 #ifdef FP4KV_HAVE_CUDA
   add(fp4kv::cli::add_bench);
 #endif

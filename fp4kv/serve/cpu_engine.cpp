@@ -1,0 +1,72 @@
+#include "fp4kv/serve/cpu_engine.h"
+
+#include <algorithm>
+#include <climits>
+#include <filesystem>
+
+#include "fp4kv/core/error.h"
+#include "fp4kv/engine/cpu_backend.h"
+#include "fp4kv/eval/limits.h"
+#include "fp4kv/eval/model_attention.h"
+#include "fp4kv/model/byte_tokenizer.h"
+
+namespace fp4kv::serve {
+
+namespace {
+
+// The byte tokenizer is the one this build has (ids 0..255 bytes, BOS, EOS, a few unused ids).
+constexpr int kMaxByteVocabulary = 512;
+// Per-step token budget and prefill chunk of the scheduler (the engine's defaults).
+constexpr int kStepTokens = 256;
+constexpr int kPrefillChunk = 128;
+
+void require_byte_tokenizer(const model::Qwen3Config& c, const std::string& dir) {
+  require(c.bos_token_id == model::kByteBos && c.is_eos(model::kByteEos) && c.vocab_size <= kMaxByteVocabulary,
+          "--model: '" + dir + "' does not use the byte tokenizer (vocabulary " + std::to_string(c.vocab_size) +
+              "); only byte-level checkpoints like pk8l have a tokenizer in this build");
+}
+
+std::unique_ptr<eval::Calibration> load_calibration(const CpuServeSetup& s, const Recipe& r, const model::Qwen3Model& m) {
+  if (!r.smooth_keys && r.prob != ProbFormat::fp4_underflow) return nullptr;
+  namespace fs = std::filesystem;
+  const std::string path = s.calibration.empty() ? (fs::path(s.model_dir) / eval::kCalibrationFile).string() : s.calibration;
+  require(fs::exists(path), "--kv " + r.name + " needs a calibration (mu_k, tau): none at '" + path +
+                                "'; run `fp4kv calibrate --model " + s.model_dir + "` or give --calibration");
+  eval::require_regular_file(path, "--calibration");
+  return std::make_unique<eval::Calibration>(eval::Calibration::load(path, m.config(), m.key_norm_bounds()));
+}
+
+}  // namespace
+
+CpuServing load_cpu_serving(const CpuServeSetup& setup) {
+  require(setup.max_batch >= 1, "--max-batch must be >= 1, got " + std::to_string(setup.max_batch));
+  CpuServing s;
+  s.recipe = parse_recipe(setup.kv);
+  require(s.recipe.kv != KvFormat::fp32, "--kv fp32 is the exact reference, not a cache format; serve bf16, fp8 or an "
+                                         "FP4 preset");
+  s.model = std::make_unique<model::Qwen3Model>(model::Qwen3Model::load(setup.model_dir));
+  const model::Qwen3Config& c = s.model->config();
+  require_byte_tokenizer(c, setup.model_dir);
+  s.calibration = load_calibration(setup, s.recipe, *s.model);
+  if (s.calibration && s.recipe.prob == ProbFormat::fp4_underflow) s.recipe.tau = s.calibration->tau;
+  s.capacity = engine::cache_capacity(s.recipe.kv, {c.num_hidden_layers, c.num_key_value_heads, c.head_dim},
+                                      setup.kv_budget_bytes, setup.max_batch);
+  require(s.capacity.blocks >= 1, "the KV budget of " + std::to_string(setup.kv_budget_bytes) +
+                                      " bytes buys no cache block; give a larger budget");
+  s.codec = engine::TextCodec{[](std::string_view t) { return model::encode_bytes(t); }, model::decode_bytes};
+  s.limits.model_name = std::filesystem::path(setup.model_dir).lexically_normal().filename().string();
+  if (s.limits.model_name.empty()) s.limits.model_name = std::filesystem::path(setup.model_dir).parent_path().filename().string();
+  s.limits.vocab_size = c.vocab_size;
+  s.limits.context = c.max_position_embeddings > 0 ? c.max_position_embeddings : INT_MAX;  // 0: not bounded
+  engine::SchedulerConfig config;
+  config.max_batch = setup.max_batch;
+  config.max_step_tokens = std::max(kStepTokens, setup.max_batch);
+  config.prefill_chunk = kPrefillChunk;
+  config.total_blocks = s.capacity.blocks;
+  s.engine = std::make_unique<engine::Engine>(
+      std::make_unique<engine::CpuBackend>(*s.model, eval::recipe_attention(c, s.recipe, s.calibration.get())), config,
+      s.codec);
+  return s;
+}
+
+}  // namespace fp4kv::serve

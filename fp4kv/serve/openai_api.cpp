@@ -1,0 +1,301 @@
+#include "fp4kv/serve/openai_api.h"
+
+#include <cmath>
+
+namespace fp4kv::serve {
+
+namespace {
+
+using nlohmann::json;
+
+// Stop strings per request at most (OpenAI allows 4; a few more cost nothing).
+constexpr size_t kMaxStopStrings = 16;
+
+std::string type_name(const json& v) { return v.type_name(); }
+
+ApiError wrong_type(const std::string& field, const std::string& expected, const json& v) {
+  return bad_request("'" + field + "' must be " + expected + ", got " + type_name(v) + " " + v.dump(),
+                     "invalid_type");
+}
+
+// A present, non-null field, or nullptr.
+const json* field(const json& body, const char* name) {
+  const auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+long long integer_field(const json& v, const std::string& name) {
+  if (!v.is_number_integer()) throw wrong_type(name, "an integer", v);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) throw bad_request("'" + name + "' is too large");
+  return v.get<long long>();
+}
+
+double number_field(const json& v, const std::string& name) {
+  if (!v.is_number()) throw wrong_type(name, "a number", v);
+  const double d = v.get<double>();
+  if (!std::isfinite(d)) throw bad_request("'" + name + "' must be finite");
+  return d;
+}
+
+bool bool_field(const json& v, const std::string& name) {
+  if (!v.is_boolean()) throw wrong_type(name, "a boolean", v);
+  return v.get<bool>();
+}
+
+void parse_prompt(const json& body, const ModelLimits& limits, CompletionRequest& r) {
+  const json* p = field(body, "prompt");
+  if (!p) throw bad_request("'prompt' is required", "missing_field");
+  if (p->is_string()) {
+    r.prompt_text = p->get<std::string>();
+    if (r.prompt_text.empty()) throw bad_request("'prompt' is empty");
+    return;
+  }
+  if (!p->is_array()) throw wrong_type("prompt", "a string or a list of token ids", *p);
+  if (p->empty()) throw bad_request("'prompt' is an empty list");
+  if (p->size() == 1 && (*p)[0].is_string()) {  // ["text"]: one prompt in list form
+    r.prompt_text = (*p)[0].get<std::string>();
+    if (r.prompt_text.empty()) throw bad_request("'prompt' is empty");
+    return;
+  }
+  r.prompt_is_tokens = true;
+  for (size_t i = 0; i < p->size(); ++i) {
+    const json& t = (*p)[i];
+    if (t.is_string() || t.is_array())
+      throw bad_request("'prompt' holds several prompts; this server takes one prompt per request (n = 1)");
+    const std::string name = "prompt[" + std::to_string(i) + "]";
+    const long long id = integer_field(t, name);
+    if (id < 0 || id >= limits.vocab_size)
+      throw bad_request("'" + name + "' = " + std::to_string(id) + " is outside the vocabulary [0, " +
+                        std::to_string(limits.vocab_size) + ")");
+    r.prompt_tokens.push_back(int(id));
+  }
+}
+
+void parse_stop(const json& body, CompletionRequest& r) {
+  const json* s = field(body, "stop");
+  if (!s) return;
+  std::vector<std::string> stops;
+  if (s->is_string()) {
+    stops.push_back(s->get<std::string>());
+  } else if (s->is_array()) {
+    for (const json& e : *s) {
+      if (!e.is_string()) throw wrong_type("stop[]", "a string", e);
+      stops.push_back(e.get<std::string>());
+    }
+  } else {
+    throw wrong_type("stop", "a string or a list of strings", *s);
+  }
+  if (stops.size() > kMaxStopStrings)
+    throw bad_request("'stop' has " + std::to_string(stops.size()) + " strings, at most " +
+                      std::to_string(kMaxStopStrings));
+  for (const std::string& t : stops)
+    if (t.empty()) throw bad_request("'stop' holds an empty string");
+  r.params.stop = std::move(stops);
+}
+
+void parse_sampling(const json& body, CompletionRequest& r) {
+  SamplingRow& s = r.params.sampling;
+  if (const json* v = field(body, "temperature")) {
+    const double t = number_field(*v, "temperature");
+    if (t < 0) throw bad_request("'temperature' must be >= 0, got " + v->dump());
+    s.temperature = float(t);
+  }
+  if (const json* v = field(body, "top_p")) {
+    const double p = number_field(*v, "top_p");
+    if (!(p > 0 && p <= 1)) throw bad_request("'top_p' must be in (0, 1], got " + v->dump());
+    s.top_p = float(p);
+  }
+  if (const json* v = field(body, "top_k")) {
+    const long long k = integer_field(*v, "top_k");
+    if (k < -1 || k > INT32_MAX) throw bad_request("'top_k' must be -1 (all), 0 (all) or positive, got " + v->dump());
+    s.top_k = k < 0 ? 0 : int32_t(k);
+  }
+  if (const json* v = field(body, "seed")) {
+    if (!v->is_number_integer()) throw wrong_type("seed", "an integer", *v);
+    if (v->is_number_integer() && !v->is_number_unsigned() && v->get<long long>() < 0)
+      throw bad_request("'seed' must be >= 0, got " + v->dump());
+    s.seed = v->get<uint64_t>();
+    s.request_id = kSeededRequestId;
+    r.seeded = true;
+  }
+}
+
+// Options of the OpenAI API this server does not implement: accepted only at their defaults,
+// so a client never gets a silently different answer.
+void refuse_unsupported(const json& body) {
+  if (const json* v = field(body, "echo"); v && !(v->is_boolean() && !v->get<bool>()))
+    throw bad_request("'echo' is not supported", "unsupported");
+  if (field(body, "logprobs")) throw bad_request("'logprobs' is not supported", "unsupported");
+  if (const json* v = field(body, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
+    throw bad_request("'suffix' is not supported", "unsupported");
+  if (const json* v = field(body, "best_of"); v && !(v->is_number_integer() && v->get<long long>() == 1))
+    throw bad_request("'best_of' must be 1, got " + v->dump(), "unsupported");
+  for (const char* name : {"presence_penalty", "frequency_penalty"})
+    if (const json* v = field(body, name); v && !(v->is_number() && v->get<double>() == 0.0))
+      throw bad_request(std::string("'") + name + "' is not supported (must be 0), got " + v->dump(), "unsupported");
+  if (const json* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty()))
+    throw bad_request("'logit_bias' is not supported", "unsupported");
+}
+
+}  // namespace
+
+json error_body(const std::string& message, const std::string& type, const std::string& code) {
+  return json{{"error", {{"message", sanitize_utf8(message)}, {"type", type}, {"code", code}}}};
+}
+
+ApiError bad_request(const std::string& message, const std::string& code) {
+  return ApiError(kHttpBadRequest, "invalid_request_error", code, message);
+}
+
+CompletionRequest parse_completion_request(const std::string& body_text, const ModelLimits& limits) {
+  const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) throw bad_request("the request body is not valid JSON", "invalid_json");
+  if (!body.is_object()) throw bad_request("the request body must be a JSON object, got " + type_name(body), "invalid_json");
+  CompletionRequest r;
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) throw wrong_type("model", "a string", *m);
+    if (m->get<std::string>() != limits.model_name)
+      throw ApiError(kHttpNotFound, "invalid_request_error", "model_not_found",
+                     "model '" + m->get<std::string>() + "' is not served here; this server serves '" +
+                         limits.model_name + "'");
+  }
+  parse_prompt(body, limits, r);
+  r.params.max_tokens = kDefaultMaxTokens;
+  if (const json* v = field(body, "max_tokens")) {
+    const long long n = integer_field(*v, "max_tokens");
+    if (n < 1) throw bad_request("'max_tokens' must be >= 1, got " + v->dump());
+    if (n >= limits.context)
+      throw bad_request("'max_tokens' = " + v->dump() + " is beyond the model's context of " +
+                        std::to_string(limits.context) + " tokens (prompt included)", "context_length_exceeded");
+    r.params.max_tokens = int(n);
+  }
+  if (r.prompt_is_tokens && (long long)r.prompt_tokens.size() + r.params.max_tokens > limits.context)
+    throw bad_request("prompt (" + std::to_string(r.prompt_tokens.size()) + " tokens) + max_tokens (" +
+                      std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
+                      std::to_string(limits.context) + " tokens", "context_length_exceeded");
+  if (const json* v = field(body, "n"); v && integer_field(*v, "n") != 1)
+    throw bad_request("'n' must be 1 (one completion per request), got " + v->dump(), "unsupported");
+  parse_sampling(body, r);
+  parse_stop(body, r);
+  if (const json* v = field(body, "stream")) r.stream = bool_field(*v, "stream");
+  if (const json* v = field(body, "stream_options")) {
+    if (!v->is_object()) throw wrong_type("stream_options", "an object", *v);
+    if (const json* u = field(*v, "include_usage")) r.include_usage = bool_field(*u, "stream_options.include_usage");
+  }
+  if (const json* v = field(body, "ignore_eos")) r.params.stop_at_eos = !bool_field(*v, "ignore_eos");
+  if (const json* v = field(body, "user"); v && !v->is_string()) throw wrong_type("user", "a string", *v);
+  refuse_unsupported(body);
+  return r;
+}
+
+const char* openai_finish_reason(engine::FinishReason r) {
+  switch (r) {
+    case engine::FinishReason::eos:
+    case engine::FinishReason::stop: return "stop";
+    case engine::FinishReason::length: return "length";
+    case engine::FinishReason::cancelled: return "cancelled";
+    case engine::FinishReason::none: break;
+  }
+  return nullptr;
+}
+
+namespace {
+
+// Length of the UTF-8 sequence led by `lead` (0: not a lead byte), and the valid range of its
+// second byte (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF).
+struct Lead {
+  int length = 0;
+  unsigned char lo = 0x80, hi = 0xBF;
+};
+
+Lead lead_of(unsigned char b) {
+  if (b < 0x80) return {1};
+  if (b >= 0xC2 && b <= 0xDF) return {2};
+  if (b == 0xE0) return {3, 0xA0, 0xBF};
+  if (b == 0xED) return {3, 0x80, 0x9F};
+  if (b >= 0xE1 && b <= 0xEF) return {3};
+  if (b == 0xF0) return {4, 0x90, 0xBF};
+  if (b >= 0xF1 && b <= 0xF3) return {4};
+  if (b == 0xF4) return {4, 0x80, 0x8F};
+  return {0};
+}
+
+enum class Seq { valid, invalid, truncated };
+
+// Classifies the sequence starting at s[i].
+Seq classify(const std::string& s, size_t i) {
+  const Lead lead = lead_of((unsigned char)s[i]);
+  if (lead.length == 0) return Seq::invalid;
+  for (int k = 1; k < lead.length; ++k) {
+    if (i + k >= s.size()) return Seq::truncated;
+    const unsigned char c = (unsigned char)s[i + k];
+    const unsigned char lo = k == 1 ? lead.lo : 0x80, hi = k == 1 ? lead.hi : 0xBF;
+    if (c < lo || c > hi) return Seq::invalid;
+  }
+  return Seq::valid;
+}
+
+constexpr const char* kReplacementCharacter = "\xEF\xBF\xBD";
+
+}  // namespace
+
+size_t utf8_complete_prefix(const std::string& bytes) {
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const Seq q = classify(bytes, i);
+    if (q == Seq::truncated) return i;
+    i += q == Seq::valid ? size_t(lead_of((unsigned char)bytes[i]).length) : 1;
+  }
+  return i;
+}
+
+std::string sanitize_utf8(const std::string& bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  size_t i = 0;
+  while (i < bytes.size()) {
+    if (classify(bytes, i) == Seq::valid) {
+      const size_t n = size_t(lead_of((unsigned char)bytes[i]).length);
+      out.append(bytes, i, n);
+      i += n;
+    } else {
+      out += kReplacementCharacter;
+      ++i;
+    }
+  }
+  return out;
+}
+
+json usage_json(const Usage& u) {
+  return json{{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+json completion_json(const std::string& id, const std::string& model, long long created, const std::string& text,
+                     engine::FinishReason finish, const Usage& usage) {
+  const char* reason = openai_finish_reason(finish);
+  json choice{{"index", 0}, {"text", sanitize_utf8(text)}, {"logprobs", nullptr},
+              {"finish_reason", reason ? json(reason) : json(nullptr)}};
+  return json{{"id", id},           {"object", "text_completion"},   {"created", created},
+              {"model", model},     {"choices", json::array({choice})}, {"usage", usage_json(usage)}};
+}
+
+json completion_chunk_json(const std::string& id, const std::string& model, long long created, const std::string& text,
+                           engine::FinishReason finish, const std::optional<Usage>& usage) {
+  json j{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model}};
+  if (usage) {
+    j["choices"] = json::array();
+    j["usage"] = usage_json(*usage);
+    return j;
+  }
+  const char* reason = openai_finish_reason(finish);
+  json choice{{"index", 0}, {"text", sanitize_utf8(text)}, {"logprobs", nullptr},
+              {"finish_reason", reason ? json(reason) : json(nullptr)}};
+  j["choices"] = json::array({choice});
+  return j;
+}
+
+std::string sse_event(const json& payload) { return "data: " + payload.dump() + "\n\n"; }
+
+}  // namespace fp4kv::serve

@@ -1,0 +1,105 @@
+// The OpenAI completions API as plain data: a request body (JSON) checked and turned into the
+// engine's RequestParams, responses and server-sent-event chunks built from the engine's
+// tokens, and the JSON error body. No HTTP here (server.h owns the sockets), so every rule a
+// client can trip over is testable without a network.
+//
+// Invariants: parse_completion_request either returns a request the engine can take or
+// throws ApiError (status 400/404) naming the bad field; every string put into JSON is valid
+// UTF-8 (byte-level tokens may split a character: utf8_complete_prefix holds the tail back
+// while streaming, sanitize_utf8 replaces what is invalid), so dumping never throws.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fp4kv/engine/engine.h"
+
+namespace fp4kv::serve {
+
+// An error a client caused (or met): the HTTP status and OpenAI's error type and code.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string type, std::string code, const std::string& message)
+      : std::runtime_error(message), status_(status), type_(std::move(type)), code_(std::move(code)) {}
+  int status() const { return status_; }
+  const std::string& type() const { return type_; }
+  const std::string& code() const { return code_; }
+
+ private:
+  int status_;
+  std::string type_, code_;
+};
+
+inline constexpr int kHttpBadRequest = 400;
+inline constexpr int kHttpUnauthorized = 401;
+inline constexpr int kHttpNotFound = 404;
+inline constexpr int kHttpPayloadTooLarge = 413;
+inline constexpr int kHttpInternalError = 500;
+inline constexpr int kHttpUnavailable = 503;
+
+// OpenAI's default when max_tokens is absent.
+inline constexpr int kDefaultMaxTokens = 16;
+// Seeded draws use this fixed request id, so one seed gives one text whatever the engine's
+// request id (generate_on_cpu with sampling.request_id = kSeededRequestId gives the same).
+inline constexpr uint64_t kSeededRequestId = 1;
+
+// {"error": {"message", "type", "code"}}
+nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& code);
+ApiError bad_request(const std::string& message, const std::string& code = "invalid_request");
+
+struct CompletionRequest {
+  std::vector<int> prompt_tokens;  // set when the prompt is a list of token ids
+  std::string prompt_text;         // otherwise the prompt text
+  bool prompt_is_tokens = false;
+  engine::RequestParams params;
+  bool seeded = false;             // the client gave a seed (else the server draws one)
+  bool stream = false;
+  bool include_usage = false;      // stream_options.include_usage: a last chunk with usage
+};
+
+// What the served model accepts, for the checks the engine cannot word for a client.
+struct ModelLimits {
+  std::string model_name;  // the id of GET /v1/models; a request naming another model is 404
+  int vocab_size = 0;
+  int context = 0;         // max positions (prompt + generated)
+};
+
+// Throws ApiError naming the field: malformed JSON, a known field of the wrong type or out of
+// range, n != 1, unsupported options set (echo, logprobs, best_of, suffix, penalties), a
+// prompt that is not one string or one list of token ids, max_tokens beyond the context.
+CompletionRequest parse_completion_request(const std::string& body, const ModelLimits& limits);
+
+// OpenAI's finish_reason: eos and stop strings are "stop", max_tokens "length"; a request the
+// server cancelled (shutdown) ends with "cancelled".
+const char* openai_finish_reason(engine::FinishReason r);
+
+// Bytes [0, n) of `bytes` that are safe to send now: all but a trailing, still-valid but
+// incomplete UTF-8 sequence (which the next token may complete).
+size_t utf8_complete_prefix(const std::string& bytes);
+// Valid UTF-8: each invalid or truncated sequence's lead byte becomes U+FFFD. Cutting the
+// input at utf8_complete_prefix and sanitizing the parts gives the whole's result.
+std::string sanitize_utf8(const std::string& bytes);
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+nlohmann::json usage_json(const Usage& u);
+
+// A whole (non-streaming) text_completion object.
+nlohmann::json completion_json(const std::string& id, const std::string& model, long long created,
+                               const std::string& text, engine::FinishReason finish, const Usage& usage);
+// One streamed text_completion chunk; finish is none until the last; usage only on the usage chunk.
+nlohmann::json completion_chunk_json(const std::string& id, const std::string& model, long long created,
+                                     const std::string& text, engine::FinishReason finish,
+                                     const std::optional<Usage>& usage = std::nullopt);
+// `data: <json>\n\n`, and the terminator `data: [DONE]\n\n`.
+std::string sse_event(const nlohmann::json& payload);
+inline constexpr const char* kSseDone = "data: [DONE]\n\n";
+
+}  // namespace fp4kv::serve

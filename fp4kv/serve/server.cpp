@@ -1,0 +1,332 @@
+#include "fp4kv/serve/server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "fp4kv/core/error.h"
+
+namespace fp4kv::serve {
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// How long a handler waits on the engine before checking its client and the shutdown flag.
+constexpr std::chrono::milliseconds kPollInterval{100};
+// Reading a cancelled request's stream to its end takes one engine step; this bounds it.
+constexpr int kDrainPolls = 600;
+// How long shutdown lets cancelled streams write their last events before closing sockets.
+constexpr std::chrono::seconds kShutdownDrain{10};
+constexpr const char* kJson = "application/json";
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& type,
+                const std::string& code) {
+  res.status = status;
+  res.set_content(error_body(message, type, code).dump(), kJson);
+}
+
+void send_error(httplib::Response& res, const ApiError& e) { send_error(res, e.status(), e.what(), e.type(), e.code()); }
+
+// Equal-time comparison, so the key cannot be guessed byte by byte from response times.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= (unsigned char)(a[i] ^ b[i % (b.empty() ? 1 : b.size())]);
+  return diff == 0 && !b.empty();
+}
+
+std::string completion_id(uint64_t id) { return "cmpl-" + std::to_string(id); }
+
+// The error type of a status, for errors httplib raises itself (404, 413, ...).
+std::string error_type(int status) {
+  if (status == kHttpNotFound) return "not_found_error";
+  if (status == kHttpPayloadTooLarge) return "invalid_request_error";
+  if (status >= kHttpInternalError) return "server_error";
+  return "invalid_request_error";
+}
+
+}  // namespace
+
+// One streamed completion: what the content provider has read and sent so far.
+struct HttpServer::Stream {
+  uint64_t id = 0;
+  std::string name;
+  long long created = 0;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  bool include_usage = false;
+  std::string held;  // bytes of a UTF-8 character not yet complete
+  bool ended = false;  // the engine's stream was read to its end
+  Clock::time_point submitted, first_token;
+};
+
+HttpServer::HttpServer(engine::Engine& engine, engine::TextCodec codec, ModelLimits model, ServerConfig config)
+    : engine_(engine),
+      codec_(std::move(codec)),
+      model_(std::move(model)),
+      config_(std::move(config)),
+      http_(std::make_unique<httplib::Server>()),
+      created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+                   .count()) {
+  require(config_.http_threads >= 1, "serve: http_threads must be >= 1, got " + std::to_string(config_.http_threads));
+  require(config_.port >= 0 && config_.port <= 65535, "--port must be in [0, 65535], got " + std::to_string(config_.port));
+  const size_t threads = size_t(config_.http_threads);
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http_->set_payload_max_length(config_.max_body_bytes);
+  routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  const int port = config_.port == 0 ? http_->bind_to_any_port(config_.host)
+                                     : (http_->bind_to_port(config_.host, config_.port) ? config_.port : -1);
+  require(port > 0, "serve: cannot listen on " + config_.host + ":" + std::to_string(config_.port) +
+                        " (address in use, or not an address of this machine)");
+  return port;
+}
+
+void HttpServer::run() {
+  engine_.start();
+  std::thread watcher([this] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return stop_requested_; });
+    lock.unlock();
+    drain_and_stop_listener();
+  });
+  http_->listen_after_bind();
+  shutdown();  // the listener ended on its own (an error): the watcher must still finish
+  watcher.join();
+  engine_.stop();
+}
+
+void HttpServer::shutdown() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  shutting_down_ = true;
+  stop_requested_ = true;
+  changed_.notify_all();
+}
+
+bool HttpServer::shutting_down() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shutting_down_;
+}
+
+// Cancels every running request, waits (bounded) until their handlers read the ends and wrote
+// their last events, then closes the listener (httplib stops open streams when it closes).
+void HttpServer::drain_and_stop_listener() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (uint64_t id : active_) engine_.cancel(id);
+  changed_.wait_for(lock, kShutdownDrain, [this] { return active_.empty(); });
+  lock.unlock();
+  http_->stop();
+}
+
+uint64_t HttpServer::admit(const std::vector<int>& prompt, const engine::RequestParams& params) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (shutting_down_) throw ApiError(kHttpUnavailable, "server_error", "shutting_down", "the server is shutting down");
+  uint64_t id = 0;
+  try {
+    id = engine_.submit(prompt, params);
+  } catch (const Error& e) {  // the engine's checks: pool and context capacity, sampling
+    throw bad_request(e.what());
+  }
+  active_.insert(id);
+  return id;
+}
+
+void HttpServer::finished(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  active_.erase(id);
+  changed_.notify_all();
+}
+
+void HttpServer::abandon(uint64_t id) {
+  engine_.cancel(id);
+  try {
+    for (int i = 0; i < kDrainPolls; ++i)
+      if (engine_.next(id, kPollInterval).finished != engine::FinishReason::none) break;
+  } catch (const Error&) {  // already read to its end
+  }
+  finished(id);
+}
+
+bool HttpServer::authorized(const httplib::Request& req) const {
+  if (config_.api_key.empty()) return true;
+  static constexpr const char* kBearer = "Bearer ";
+  const std::string header = req.get_header_value("Authorization");
+  if (header.rfind(kBearer, 0) != 0) return false;
+  return same_secret(header.substr(std::string(kBearer).size()), config_.api_key);
+}
+
+void HttpServer::routes() {
+  using httplib::Request;
+  using httplib::Response;
+  using HR = httplib::Server::HandlerResponse;
+  http_->set_pre_routing_handler([this](const Request& req, Response& res) {
+    const bool api = req.path.rfind("/v1/", 0) == 0;
+    if (api && !authorized(req)) {
+      send_error(res, kHttpUnauthorized, "missing or wrong API key (send `Authorization: Bearer <key>`)",
+                 "authentication_error", "invalid_api_key");
+      return HR::Handled;
+    }
+    if (shutting_down()) {
+      send_error(res, kHttpUnavailable, "the server is shutting down", "server_error", "shutting_down");
+      return HR::Handled;
+    }
+    return HR::Unhandled;
+  });
+  http_->set_error_handler([](const Request& req, Response& res) {
+    if (!res.body.empty()) return;  // a handler's own error body
+    const std::string message = res.status == kHttpNotFound ? "no route for " + req.method + " " + req.path
+                                : res.status == kHttpPayloadTooLarge
+                                    ? "the request body exceeds the limit of " + std::to_string(kMaxBodyBytes) + " bytes"
+                                    : "HTTP status " + std::to_string(res.status);
+    send_error(res, res.status, message, error_type(res.status), std::to_string(res.status));
+  });
+  http_->set_exception_handler([](const Request&, Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = std::string("internal error: ") + e.what();
+    } catch (...) {
+    }
+    send_error(res, kHttpInternalError, what, "server_error", "internal_error");
+  });
+  http_->Get("/health", [](const Request&, Response& res) { res.set_content(R"({"status":"ok"})", kJson); });
+  http_->Get("/metrics", [this](const Request&, Response& res) {
+    res.set_content(metrics_.render(engine_.counters()), "text/plain; version=0.0.4");
+  });
+  http_->Get("/v1/models", [this](const Request&, Response& res) {
+    const json model{{"id", model_.model_name}, {"object", "model"},     {"created", created_},
+                     {"owned_by", "fp4kv"},     {"max_model_len", model_.context}};
+    res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), kJson);
+  });
+  http_->Post("/v1/chat/completions", [this](const Request&, Response& res) {
+    send_error(res, kHttpBadRequest,
+               "model '" + model_.model_name + "' has no chat template (a byte-level checkpoint); use POST "
+               "/v1/completions with a prompt",
+               "invalid_request_error", "no_chat_template");
+  });
+  http_->Post("/v1/completions", [this](const Request& req, Response& res) { completions(req, res); });
+}
+
+void HttpServer::completions(const httplib::Request& req, httplib::Response& res) {
+  try {
+    CompletionRequest r = parse_completion_request(req.body, model_);
+    std::vector<int> prompt = r.prompt_is_tokens ? r.prompt_tokens : codec_.encode(r.prompt_text);
+    if ((long long)prompt.size() + r.params.max_tokens > model_.context)
+      throw ApiError(kHttpBadRequest, "invalid_request_error", "context_length_exceeded",
+                     "prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
+                         std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
+                         std::to_string(model_.context) + " tokens");
+    if (!r.seeded) r.params.sampling.seed = std::random_device{}();  // request_id 0: the engine's id
+    const int prompt_tokens = int(prompt.size());
+    const uint64_t id = admit(prompt, r.params);
+    if (r.stream)
+      respond_stream(r, id, prompt_tokens, res);
+    else
+      respond_whole(r, id, prompt_tokens, res);
+  } catch (const ApiError& e) {
+    metrics_.request_finished(false);
+    send_error(res, e);
+  }
+}
+
+void HttpServer::respond_whole(const CompletionRequest&, uint64_t id, int prompt_tokens, httplib::Response& res) {
+  const Clock::time_point submitted = Clock::now();
+  Clock::time_point first;
+  std::vector<int> tokens;
+  engine::FinishReason reason = engine::FinishReason::none;
+  try {
+    while (reason == engine::FinishReason::none) {
+      const engine::StreamChunk c = engine_.next(id, kPollInterval);
+      if (!c.tokens.empty() && tokens.empty()) first = Clock::now();
+      tokens.insert(tokens.end(), c.tokens.begin(), c.tokens.end());
+      reason = c.finished;
+    }
+  } catch (...) {
+    abandon(id);
+    throw;
+  }
+  finished(id);
+  if (reason == engine::FinishReason::cancelled)
+    throw ApiError(kHttpUnavailable, "server_error", "shutting_down", "the server is shutting down; request cancelled");
+  if (!tokens.empty()) {
+    metrics_.observe_ttft(std::chrono::duration<double>(first - submitted).count());
+    if (tokens.size() > 1) metrics_.observe_tpot(seconds_since(first) / double(tokens.size() - 1));
+  }
+  const Usage usage{prompt_tokens, int(tokens.size())};
+  res.set_content(completion_json(completion_id(id), model_.model_name, created_, codec_.decode(tokens), reason, usage).dump(),
+                  kJson);
+  metrics_.request_finished(true);
+}
+
+bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
+  Stream* const s = &stream;
+  const engine::StreamChunk c = engine_.next(s->id, kPollInterval);
+  if (c.timed_out) return sink.is_writable();
+  if (!c.tokens.empty() && s->completion_tokens == 0) s->first_token = Clock::now();
+  s->completion_tokens += int(c.tokens.size());
+  s->held += codec_.decode(c.tokens);
+  const bool last = c.finished != engine::FinishReason::none;
+  s->ended = last;
+  const size_t ready = last ? s->held.size() : utf8_complete_prefix(s->held);
+  std::string events;
+  if (ready > 0)
+    events += sse_event(completion_chunk_json(s->name, model_.model_name, s->created, s->held.substr(0, ready),
+                                              engine::FinishReason::none));
+  s->held.erase(0, ready);
+  if (last) {
+    events += sse_event(completion_chunk_json(s->name, model_.model_name, s->created, "", c.finished));
+    if (s->include_usage)
+      events += sse_event(completion_chunk_json(s->name, model_.model_name, s->created, "", c.finished,
+                                                Usage{s->prompt_tokens, s->completion_tokens}));
+    events += kSseDone;
+  }
+  if (!events.empty() && !sink.write(events.data(), events.size())) return false;
+  if (last) sink.done();
+  return true;
+}
+
+void HttpServer::respond_stream(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res) {
+  auto s = std::make_shared<Stream>();
+  s->id = id;
+  s->name = completion_id(id);
+  s->created = created_;
+  s->prompt_tokens = prompt_tokens;
+  s->include_usage = r.include_usage;
+  s->submitted = Clock::now();
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, s](size_t, httplib::DataSink& sink) {
+        try {
+          return write_events(*s, sink);
+        } catch (const std::exception&) {  // never let an exception out of httplib's writer
+          return false;
+        }
+      },
+      [this, s](bool success) {
+        if (!s->ended) {  // the client left (or the listener closed): free the request's blocks
+          metrics_.client_disconnected();
+          metrics_.request_finished(false);
+          abandon(s->id);
+          return;
+        }
+        finished(s->id);
+        metrics_.request_finished(success);
+        if (s->completion_tokens > 0) {
+          metrics_.observe_ttft(std::chrono::duration<double>(s->first_token - s->submitted).count());
+          if (s->completion_tokens > 1) metrics_.observe_tpot(seconds_since(s->first_token) / (s->completion_tokens - 1));
+        }
+      });
+}
+
+}  // namespace fp4kv::serve

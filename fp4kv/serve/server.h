@@ -1,0 +1,95 @@
+// `fp4kv serve`: an OpenAI-compatible HTTP server over the engine. Every completion goes
+// through Engine::submit and is read back with Engine::next; the engine's background worker
+// steps the continuous batch, so all clients share it. Endpoints: POST /v1/completions
+// (JSON or server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus);
+// POST /v1/chat/completions answers 400 (the byte-level checkpoints have no chat template).
+//
+// Invariants: every request the server submitted is either read to its end or cancelled and
+// drained (a client that leaves mid-stream cancels its request, so its blocks are freed);
+// errors are JSON {"error": {"message", "type", "code"}}; nothing a client sends reaches the
+// engine unchecked (openai_api.h), and an exception in a handler is a 500, never a crash.
+// shutdown() (any thread): new requests get 503, running ones are cancelled (their streams
+// end with finish_reason "cancelled"), the listener closes, run() returns after the worker
+// stopped.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "fp4kv/engine/engine.h"
+#include "fp4kv/serve/metrics.h"
+#include "fp4kv/serve/openai_api.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+class DataSink;
+}  // namespace httplib
+
+namespace fp4kv::serve {
+
+// Request bodies above this are refused with 413 (a prompt of a whole context is far smaller).
+inline constexpr size_t kMaxBodyBytes = size_t(1) << 20;
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";  // loopback unless the operator says otherwise
+  int port = 8000;                 // 0: the OS picks a free port (bind() returns it)
+  std::string api_key;             // non-empty: /v1/* need `Authorization: Bearer <key>`
+  size_t max_body_bytes = kMaxBodyBytes;
+  int http_threads = 16;           // connections served at once (a stream holds one)
+};
+
+class HttpServer {
+ public:
+  // `engine` must outlive the server; the server starts and stops its worker.
+  HttpServer(engine::Engine& engine, engine::TextCodec codec, ModelLimits model, ServerConfig config);
+  ~HttpServer();
+
+  // Binds host:port; returns the port bound. Throws Error when it cannot.
+  int bind();
+  // Serves until shutdown(); starts the engine's worker first and stops it last.
+  void run();
+  // Thread-safe and idempotent; returns at once (run() finishes the work).
+  void shutdown();
+  bool shutting_down() const;
+
+  const ServerMetrics& metrics() const { return metrics_; }
+
+ private:
+  struct Stream;
+  void routes();
+  void completions(const httplib::Request& req, httplib::Response& res);
+  void respond_whole(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res);
+  void respond_stream(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res);
+  // Reads the engine's next chunk and writes it as events; false when the client is gone.
+  bool write_events(Stream& s, httplib::DataSink& sink);
+  // Submits under the shutdown lock (a request submitted while shutting down is refused, so
+  // shutdown's cancel sweep sees every running request). Throws ApiError.
+  uint64_t admit(const std::vector<int>& prompt, const engine::RequestParams& params);
+  // Cancels `id` and reads its stream to the end (bounded), then forgets it.
+  void abandon(uint64_t id);
+  void finished(uint64_t id);
+  bool authorized(const httplib::Request& req) const;
+  void drain_and_stop_listener();
+
+  engine::Engine& engine_;
+  engine::TextCodec codec_;
+  ModelLimits model_;
+  ServerConfig config_;
+  std::unique_ptr<httplib::Server> http_;
+  ServerMetrics metrics_;
+  long long created_;  // Unix time of start, the `created` of /v1/models
+
+  mutable std::mutex mutex_;  // guards the three below
+  std::condition_variable changed_;
+  std::set<uint64_t> active_;  // submitted, not yet read to the end
+  bool shutting_down_ = false;
+  bool stop_requested_ = false;
+};
+
+}  // namespace fp4kv::serve

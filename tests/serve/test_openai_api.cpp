@@ -1,0 +1,80 @@
+// The completions request rules and the UTF-8 handling, without a network.
+#include "fp4kv/serve/openai_api.h"
+
+#include <gtest/gtest.h>
+
+namespace fp4kv::serve {
+namespace {
+
+ModelLimits limits() { return ModelLimits{"pk8l", 258, 64}; }
+
+int status_of(const std::string& body) {
+  try {
+    parse_completion_request(body, limits());
+  } catch (const ApiError& e) {
+    return e.status();
+  }
+  return 200;
+}
+
+TEST(OpenAiApi, ParsesAValidRequest) {
+  const CompletionRequest r = parse_completion_request(
+      R"({"model":"pk8l","prompt":"Hi","max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":3,"seed":7,"stop":["x","y"],"stream":true})",
+      limits());
+  EXPECT_EQ(r.prompt_text, "Hi");
+  EXPECT_EQ(r.params.max_tokens, 5);
+  EXPECT_FLOAT_EQ(r.params.sampling.temperature, 0.5f);
+  EXPECT_EQ(r.params.sampling.top_k, 3);
+  EXPECT_EQ(r.params.sampling.seed, 7u);
+  EXPECT_EQ(r.params.sampling.request_id, kSeededRequestId);
+  EXPECT_EQ(r.params.stop, (std::vector<std::string>{"x", "y"}));
+  EXPECT_TRUE(r.stream);
+  const CompletionRequest t = parse_completion_request(R"({"prompt":[1,2,3]})", limits());
+  EXPECT_TRUE(t.prompt_is_tokens);
+  EXPECT_EQ(t.prompt_tokens, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(t.params.max_tokens, kDefaultMaxTokens);
+}
+
+TEST(OpenAiApi, RefusesBadRequests) {
+  EXPECT_EQ(status_of("{"), 400);
+  EXPECT_EQ(status_of("[1]"), 400);
+  EXPECT_EQ(status_of(R"({})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":5})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":""})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":[1,"a"]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":[1,999]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":[[1],[2]]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","max_tokens":"5"})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","max_tokens":0})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","max_tokens":64})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":[1,2,3],"max_tokens":62})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","n":2})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","temperature":-1})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","top_p":0})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","seed":-3})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","stop":7})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","stop":[""]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","stream":"yes"})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","logprobs":3})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","model":"other"})"), 404);
+  EXPECT_EQ(status_of(R"({"prompt":"a","unknown_field":{"x":1}})"), 200);  // unknown fields are ignored
+}
+
+TEST(OpenAiApi, Utf8HoldsBackIncompleteAndReplacesInvalid) {
+  const std::string euro = "\xE2\x82\xAC";
+  EXPECT_EQ(utf8_complete_prefix("ab" + euro.substr(0, 2)), 2u);
+  EXPECT_EQ(utf8_complete_prefix("ab" + euro), 5u);
+  EXPECT_EQ(sanitize_utf8("a\xFF" "b"), "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(sanitize_utf8("a" + euro.substr(0, 2)), "a\xEF\xBF\xBD\xEF\xBF\xBD");
+  const std::string mixed = "x" + euro + "\xC3(\xF0\x9F\x98\x80" + "\xE2\x82";
+  for (size_t cut = 0; cut <= mixed.size(); ++cut) {  // streaming pieces concatenate to the whole
+    std::string held = mixed.substr(0, cut), out;
+    const size_t ready = utf8_complete_prefix(held);
+    out += sanitize_utf8(held.substr(0, ready));
+    out += sanitize_utf8(held.substr(ready) + mixed.substr(cut));
+    EXPECT_EQ(out, sanitize_utf8(mixed)) << "cut " << cut;
+  }
+}
+
+}  // namespace
+}  // namespace fp4kv::serve

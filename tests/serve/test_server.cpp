@@ -1,0 +1,341 @@
+// The real server on 127.0.0.1 (a port the OS picks) over the pk8l CPU engine, talked to
+// with a real HTTP client: completions equal the engine's generation alone, streams
+// concatenate to the whole text, concurrent clients share the batch, every error status,
+// the API key, a client leaving mid-stream frees its blocks, shutdown ends streams; and the
+// CLI as a child process, stopped by SIGTERM.
+#include <httplib.h>
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "fp4kv/engine/cpu_generator.h"
+#include "fp4kv/eval/model_attention.h"
+#include "fp4kv/model/byte_tokenizer.h"
+#include "fp4kv/serve/cpu_engine.h"
+#include "fp4kv/serve/server.h"
+
+namespace fp4kv::serve {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kMaxPolls = 600;  // bounded waits: polls of kPollPause
+constexpr std::chrono::milliseconds kPollPause{100};
+constexpr int kLongRequestTokens = 4000;  // outlives any disconnect or shutdown in the tests
+constexpr time_t kClientTimeoutSeconds = 120;
+
+CpuServeSetup pk8l_setup() {
+  CpuServeSetup s;
+  s.model_dir = std::string(FP4KV_SOURCE_DIR) + "/models/pk8l";
+  s.kv = "nvfp4";
+  s.max_batch = 4;
+  return s;
+}
+
+// A server on a background thread; stopped and joined on destruction.
+class RunningServer {
+ public:
+  explicit RunningServer(const std::string& api_key = "") : serving_(load_cpu_serving(pk8l_setup())) {
+    ServerConfig c;
+    c.host = "127.0.0.1";
+    c.port = 0;
+    c.api_key = api_key;
+    server_ = std::make_unique<HttpServer>(*serving_.engine, serving_.codec, serving_.limits, c);
+    port_ = server_->bind();
+    thread_ = std::thread([this] { server_->run(); });
+  }
+  ~RunningServer() { stop(); }
+  void stop() {
+    server_->shutdown();
+    if (thread_.joinable()) thread_.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(kClientTimeoutSeconds, 0);
+    return c;
+  }
+  HttpServer& server() { return *server_; }
+  CpuServing& serving() { return serving_; }
+
+ private:
+  CpuServing serving_;
+  std::unique_ptr<HttpServer> server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+std::string alone(CpuServing& s, const std::string& prompt, int max_tokens, float temperature, uint64_t seed) {
+  engine::GenerateOptions o;
+  o.max_tokens = max_tokens;
+  o.sampling.temperature = temperature;
+  o.sampling.seed = seed;
+  o.sampling.request_id = kSeededRequestId;
+  std::vector<int> out;
+  engine::generate_on_cpu(*s.model, eval::recipe_attention(s.model->config(), s.recipe, s.calibration.get()),
+                          model::encode_bytes(prompt), o, [&out](int t) { out.push_back(t); });
+  return model::decode_bytes(out);
+}
+
+json request(const std::string& prompt, int max_tokens, float temperature = 0, uint64_t seed = 0) {
+  return json{{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", temperature}, {"seed", seed}};
+}
+
+json post_json(httplib::Client& c, const json& body, int expect_status = 200) {
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  EXPECT_TRUE(r) << "no response";
+  if (!r) return json();
+  EXPECT_EQ(r->status, expect_status) << r->body;
+  return json::parse(r->body, nullptr, false);
+}
+
+// The text of an SSE body; `done` says whether it ended with [DONE].
+std::string sse_text(const std::string& body, bool* done, std::string* finish = nullptr) {
+  std::string text;
+  *done = false;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    EXPECT_NE(end, std::string::npos);
+    if (end == std::string::npos) break;
+    const std::string payload = body.substr(pos + 6, end - pos - 6);
+    pos = end + 2;
+    EXPECT_FALSE(*done) << "an event after [DONE]";
+    if (payload == "[DONE]") {
+      *done = true;
+      continue;
+    }
+    const json j = json::parse(payload);
+    if (j["choices"].empty()) continue;
+    text += j["choices"][0]["text"].get<std::string>();
+    if (finish && !j["choices"][0]["finish_reason"].is_null()) *finish = j["choices"][0]["finish_reason"];
+  }
+  return text;
+}
+
+// POSTs a completion, handing each piece of the response body to `receive` (false: leave).
+void post_streaming(httplib::Client& c, const json& body, std::function<bool(const char*, size_t)> receive) {
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [receive](const char* d, size_t n, uint64_t, uint64_t) { return receive(d, n); };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  c.send(req, res, err);
+}
+
+double metric(httplib::Client& c, const std::string& name) {
+  auto r = c.Get("/metrics");
+  if (!r || r->status != 200) return -1;
+  const size_t at = r->body.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(r->body.substr(at + name.size() + 2));
+}
+
+TEST(Server, CompletionEqualsGenerationAlone) {
+  RunningServer s;
+  httplib::Client c = s.client();
+  const json greedy = post_json(c, request("Hello", 8));
+  EXPECT_EQ(greedy["choices"][0]["text"], alone(s.serving(), "Hello", 8, 0, 0));
+  EXPECT_EQ(greedy["usage"]["prompt_tokens"], int(model::encode_bytes("Hello").size()));
+  EXPECT_EQ(greedy["usage"]["total_tokens"].get<int>(),
+            greedy["usage"]["prompt_tokens"].get<int>() + greedy["usage"]["completion_tokens"].get<int>());
+  const json sampled = post_json(c, request("Once upon", 10, 0.9f, 5));
+  EXPECT_EQ(sampled["choices"][0]["text"], alone(s.serving(), "Once upon", 10, 0.9f, 5));
+  const std::string finish = sampled["choices"][0]["finish_reason"];
+  EXPECT_TRUE(finish == "length" || finish == "stop") << finish;
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "pk8l");
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST(Server, StreamConcatenatesToTheWholeText) {
+  RunningServer s;
+  httplib::Client c = s.client();
+  json body = request("The quick brown fox", 12, 0.8f, 3);
+  const std::string whole = post_json(c, body)["choices"][0]["text"];
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  bool done = false;
+  EXPECT_EQ(sse_text(r->body, &done), whole);
+  EXPECT_TRUE(done);
+  EXPECT_NE(r->body.find("\"usage\""), std::string::npos);
+}
+
+TEST(Server, ConcurrentClientsShareTheBatch) {
+  RunningServer s;
+  const std::vector<std::string> prompts = {"abc", "Hello there", "1 2 3 4", "To be or", "xyz", "Once"};
+  std::vector<std::string> got(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    clients.emplace_back([&, i] {
+      httplib::Client c = s.client();
+      json body = request(prompts[i], 6 + int(i), i % 2 ? 0.7f : 0.0f, 11 + i);
+      if (i % 2) body["stream"] = true;
+      auto r = c.Post("/v1/completions", body.dump(), "application/json");
+      if (!r || r->status != 200) return;
+      bool done = true;
+      got[i] = i % 2 ? sse_text(r->body, &done) : json::parse(r->body)["choices"][0]["text"].get<std::string>();
+    });
+  for (std::thread& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(got[i], alone(s.serving(), prompts[i], 6 + int(i), i % 2 ? 0.7f : 0.0f, 11 + i)) << prompts[i];
+  s.stop();
+  s.serving().engine->check_blocks();
+  EXPECT_EQ(s.serving().engine->counters().blocks_used, 0);
+}
+
+TEST(Server, ErrorsAreJsonWithTheirStatus) {
+  RunningServer s;
+  httplib::Client c = s.client();
+  auto expect_error = [](const httplib::Result& r, int status) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, status) << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r->body;
+    EXPECT_TRUE(j["error"]["message"].is_string()) << r->body;
+    EXPECT_TRUE(j["error"].contains("type") && j["error"].contains("code")) << r->body;
+  };
+  expect_error(c.Post("/v1/completions", "{not json", "application/json"), 400);
+  expect_error(c.Post("/v1/completions", R"({"prompt":"a","max_tokens":"x"})", "application/json"), 400);
+  expect_error(c.Post("/v1/completions", R"({"prompt":"a","n":3})", "application/json"), 400);
+  expect_error(c.Post("/v1/completions", R"({"prompt":"a","max_tokens":100000})", "application/json"), 400);
+  expect_error(c.Post("/v1/completions", json{{"prompt", std::string(40000, 'a')}}.dump(), "application/json"), 400);
+  expect_error(c.Post("/v1/chat/completions", R"({"messages":[]})", "application/json"), 400);
+  expect_error(c.Get("/v1/nothing"), 404);
+  expect_error(c.Post("/v1/completions", std::string(kMaxBodyBytes + 1, ' '), "application/json"), 413);
+  // Still serving, nothing leaked.
+  EXPECT_EQ(post_json(c, request("ok", 2))["choices"].size(), 1u);
+  EXPECT_EQ(metric(c, "fp4kv_kv_blocks_used"), 0);
+}
+
+TEST(Server, ApiKeyIsRequiredOnTheApi) {
+  RunningServer s("sekrit");
+  httplib::Client c = s.client();
+  auto r = c.Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  r = c.Get("/v1/models", {{"Authorization", "Bearer wrong"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  r = c.Get("/v1/models", {{"Authorization", "Bearer sekrit"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
+TEST(Server, ClientLeavingMidStreamFreesItsBlocks) {
+  RunningServer s;
+  httplib::Client c = s.client();
+  json body = request("Hello", kLongRequestTokens);
+  body["stream"] = true;
+  body["ignore_eos"] = true;
+  int chunks = 0;
+  post_streaming(c, body, [&chunks](const char*, size_t) { return ++chunks < 2; });  // leave after 2 reads
+  EXPECT_GE(chunks, 1);
+  httplib::Client m = s.client();
+  int polls = 0;
+  while (polls++ < kMaxPolls &&
+         (metric(m, "fp4kv_client_disconnects_total") < 1 || metric(m, "fp4kv_requests_running") != 0 ||
+          metric(m, "fp4kv_kv_blocks_used") != 0))
+    std::this_thread::sleep_for(kPollPause);
+  EXPECT_EQ(metric(m, "fp4kv_client_disconnects_total"), 1);
+  EXPECT_EQ(metric(m, "fp4kv_requests_running"), 0);
+  EXPECT_EQ(metric(m, "fp4kv_kv_blocks_used"), 0);
+  EXPECT_LT(metric(m, "fp4kv_generation_tokens_total"), kLongRequestTokens);
+}
+
+TEST(Server, ShutdownEndsRunningStreams) {
+  RunningServer s;
+  json body = request("Hello", kLongRequestTokens);
+  body["stream"] = true;
+  body["ignore_eos"] = true;
+  std::string received;
+  std::atomic<bool> started{false};
+  std::thread client([&] {
+    httplib::Client c = s.client();
+    post_streaming(c, body, [&](const char* d, size_t n) {
+      received.append(d, n);
+      started = true;
+      return true;
+    });
+  });
+  for (int i = 0; i < kMaxPolls && !started; ++i) std::this_thread::sleep_for(kPollPause);
+  s.stop();
+  client.join();
+  bool done = false;
+  std::string finish;
+  sse_text(received, &done, &finish);
+  EXPECT_TRUE(done);
+  EXPECT_EQ(finish, "cancelled");
+  s.serving().engine->check_blocks();
+  EXPECT_EQ(s.serving().engine->counters().blocks_used, 0);
+}
+
+TEST(ServeCli, ServesAndExitsZeroOnSigterm) {
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    const std::string model = std::string(FP4KV_SOURCE_DIR) + "/models/pk8l";
+    execl(FP4KV_CLI, FP4KV_CLI, "serve", "--model", model.c_str(), "--port", "0", (char*)nullptr);
+    _exit(127);
+  }
+  close(out[1]);
+  FILE* f = fdopen(out[0], "r");
+  char line[512];
+  int port = 0;
+  std::string printed;
+  while (port == 0 && fgets(line, sizeof line, f)) {  // ends at EOF if the child dies
+    printed += line;
+    const char* at = std::strstr(line, "listening on http://127.0.0.1:");
+    if (at) port = std::atoi(at + std::strlen("listening on http://127.0.0.1:"));
+  }
+  EXPECT_GT(port, 0) << printed;
+  EXPECT_NE(printed.find("KV capacity"), std::string::npos) << printed;
+  if (port > 0) {
+    httplib::Client c("127.0.0.1", port);
+    auto r = c.Get("/health");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+  }
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  fclose(f);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(ServeCli, RefusesCuda) {
+  const std::string cmd = std::string(FP4KV_CLI) + " serve --device cuda --port 0 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_TRUE(p);
+  std::string out;
+  char buf[256];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  const int status = pclose(p);
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_NE(out.find("GPU engine"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace fp4kv::serve
