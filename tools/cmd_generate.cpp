@@ -3,7 +3,6 @@
 // tokens/s go to stderr, so the text can be piped. The CPU engine (engine/cpu_generator.h)
 // runs everywhere; the GPU engine is not in this build yet, so --device cuda is refused.
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -14,6 +13,7 @@
 #include "fp4kv/eval/calibration.h"
 #include "fp4kv/eval/limits.h"
 #include "fp4kv/eval/model_attention.h"
+#include "fp4kv/eval/recipe_setup.h"
 #include "fp4kv/model/byte_tokenizer.h"
 #include "fp4kv/model/qwen3.h"
 #include "tools/commands.h"
@@ -41,29 +41,6 @@ std::string read_prompt(const GenerateArgs& a) {
   return a.prompt;
 }
 
-// The pk8l byte tokenizer is the one this build has (ids 0..255 bytes, 256 BOS, 257 EOS, a
-// few unused ids after them): a checkpoint with a real subword vocabulary has no tokenizer
-// here yet.
-constexpr int kMaxByteVocabulary = 512;
-void require_byte_tokenizer(const model::Qwen3Config& c, const std::string& dir) {
-  require(c.bos_token_id == model::kByteBos && c.is_eos(model::kByteEos) && c.vocab_size <= kMaxByteVocabulary,
-          "--model: '" + dir + "' does not use the byte tokenizer (bos " + std::to_string(c.bos_token_id) +
-              ", vocabulary " + std::to_string(c.vocab_size) + "); only byte-level checkpoints like pk8l have a "
-              "tokenizer in this build");
-}
-
-// The calibration the recipe needs (key smoothing, underflow-aware P): --calibration, else
-// the file beside the model; null when the recipe needs none.
-std::unique_ptr<eval::Calibration> calibration_for(const GenerateArgs& a, const Recipe& r, const model::Qwen3Model& m) {
-  if (!r.smooth_keys && r.prob != ProbFormat::fp4_underflow) return nullptr;
-  namespace fs = std::filesystem;
-  const std::string path = a.calibration.empty() ? (fs::path(a.model) / eval::kCalibrationFile).string() : a.calibration;
-  require(fs::exists(path), "--kv " + r.name + " needs a calibration (mu_k, tau): none at '" + path +
-                                "'; run `fp4kv calibrate --model " + a.model + "` or give --calibration");
-  eval::require_regular_file(path, "--calibration");
-  return std::make_unique<eval::Calibration>(eval::Calibration::load(path, m.config(), m.key_norm_bounds()));
-}
-
 int run_generate(const GenerateArgs& a) {
   require(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '" + a.device + "'");
   require(a.device == "cpu", "--device cuda: the GPU engine is not part of this build yet; use --device cpu");
@@ -71,9 +48,8 @@ int run_generate(const GenerateArgs& a) {
   const std::string text = read_prompt(a);
   require(!text.empty(), "the prompt is empty");
   const model::Qwen3Model m = model::Qwen3Model::load(a.model);
-  require_byte_tokenizer(m.config(), a.model);
-  const std::unique_ptr<eval::Calibration> cal = calibration_for(a, recipe, m);
-  if (cal && recipe.prob == ProbFormat::fp4_underflow) recipe.tau = cal->tau;
+  model::require_byte_tokenizer(m.config(), a.model);
+  const std::unique_ptr<eval::Calibration> cal = eval::calibration_for_recipe(&recipe, a.model, a.calibration, m);
   const std::vector<int> prompt = model::encode_bytes(text);
   const model::AttentionFn attend = eval::recipe_attention(m.config(), recipe, cal.get());
   const engine::GenerateStats s = eval::with_memory_guard("generating", [&] {

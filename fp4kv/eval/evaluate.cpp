@@ -1,4 +1,5 @@
 #include "fp4kv/eval/evaluate.h"
+#include "fp4kv/eval/recipe_setup.h"
 
 #include <chrono>
 #include <cmath>
@@ -82,8 +83,6 @@ class Progress {
   std::chrono::steady_clock::time_point t0_;
 };
 
-bool needs_calibration(const Recipe& r) { return r.smooth_keys || r.prob == ProbFormat::fp4_underflow; }
-
 Calibration obtain_calibration(const EvalOptions& o, const model::Qwen3Model& m, std::string& note, std::ostream& log) {
   if (!o.calibration_path.empty()) {
     note = o.calibration_path + " (given)";
@@ -154,7 +153,7 @@ EvalReport evaluate(const EvalOptions& o, std::ostream& log) {
 
   std::optional<Calibration> calib;
   for (const auto& r : configs)
-    if (needs_calibration(r) && !calib) calib = obtain_calibration(o, m, rep.calibration, log);
+    if (recipe_needs_calibration(r) && !calib) calib = obtain_calibration(o, m, rep.calibration, log);
   if (!calib) rep.calibration = "none needed";
   for (auto& r : configs)
     if (calib && r.prob == ProbFormat::fp4_underflow) r.tau = calib->tau;

@@ -6,6 +6,9 @@
 #include <string_view>
 #include <vector>
 
+#include "fp4kv/core/error.h"
+#include "fp4kv/model/qwen3_config.h"
+
 namespace fp4kv::model {
 
 inline constexpr int kByteBos = 256;
@@ -27,6 +30,16 @@ inline std::string decode_bytes(const std::vector<int>& ids) {
     if (id >= 0 && id < 256) text.push_back(char(static_cast<unsigned char>(id)));
   }
   return text;
+}
+
+// Checkpoints this tokenizer serves: BOS 256, EOS 257 and a vocabulary of a few unused ids
+// past them (pk8l: 264); a real subword vocabulary has no tokenizer in this build.
+inline constexpr int kMaxByteVocabulary = 512;
+inline void require_byte_tokenizer(const Qwen3Config& c, const std::string& dir) {
+  require(c.bos_token_id == kByteBos && c.is_eos(kByteEos) && c.vocab_size <= kMaxByteVocabulary,
+          "--model: '" + dir + "' does not use the byte tokenizer (bos " + std::to_string(c.bos_token_id) +
+              ", vocabulary " + std::to_string(c.vocab_size) +
+              "); only byte-level checkpoints like pk8l have a tokenizer in this build");
 }
 
 }  // namespace fp4kv::model

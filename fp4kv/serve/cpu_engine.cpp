@@ -8,33 +8,16 @@
 #include "fp4kv/engine/cpu_backend.h"
 #include "fp4kv/eval/limits.h"
 #include "fp4kv/eval/model_attention.h"
+#include "fp4kv/eval/recipe_setup.h"
 #include "fp4kv/model/byte_tokenizer.h"
 
 namespace fp4kv::serve {
 
 namespace {
 
-// The byte tokenizer is the one this build has (ids 0..255 bytes, BOS, EOS, a few unused ids).
-constexpr int kMaxByteVocabulary = 512;
 // Per-step token budget and prefill chunk of the scheduler (the engine's defaults).
 constexpr int kStepTokens = 256;
 constexpr int kPrefillChunk = 128;
-
-void require_byte_tokenizer(const model::Qwen3Config& c, const std::string& dir) {
-  require(c.bos_token_id == model::kByteBos && c.is_eos(model::kByteEos) && c.vocab_size <= kMaxByteVocabulary,
-          "--model: '" + dir + "' does not use the byte tokenizer (vocabulary " + std::to_string(c.vocab_size) +
-              "); only byte-level checkpoints like pk8l have a tokenizer in this build");
-}
-
-std::unique_ptr<eval::Calibration> load_calibration(const CpuServeSetup& s, const Recipe& r, const model::Qwen3Model& m) {
-  if (!r.smooth_keys && r.prob != ProbFormat::fp4_underflow) return nullptr;
-  namespace fs = std::filesystem;
-  const std::string path = s.calibration.empty() ? (fs::path(s.model_dir) / eval::kCalibrationFile).string() : s.calibration;
-  require(fs::exists(path), "--kv " + r.name + " needs a calibration (mu_k, tau): none at '" + path +
-                                "'; run `fp4kv calibrate --model " + s.model_dir + "` or give --calibration");
-  eval::require_regular_file(path, "--calibration");
-  return std::make_unique<eval::Calibration>(eval::Calibration::load(path, m.config(), m.key_norm_bounds()));
-}
 
 }  // namespace
 
@@ -46,9 +29,8 @@ CpuServing load_cpu_serving(const CpuServeSetup& setup) {
                                          "FP4 preset");
   s.model = std::make_unique<model::Qwen3Model>(model::Qwen3Model::load(setup.model_dir));
   const model::Qwen3Config& c = s.model->config();
-  require_byte_tokenizer(c, setup.model_dir);
-  s.calibration = load_calibration(setup, s.recipe, *s.model);
-  if (s.calibration && s.recipe.prob == ProbFormat::fp4_underflow) s.recipe.tau = s.calibration->tau;
+  model::require_byte_tokenizer(c, setup.model_dir);
+  s.calibration = eval::calibration_for_recipe(&s.recipe, setup.model_dir, setup.calibration, *s.model);
   s.capacity = engine::cache_capacity(s.recipe.kv, {c.num_hidden_layers, c.num_key_value_heads, c.head_dim},
                                       setup.kv_budget_bytes, setup.max_batch);
   require(s.capacity.blocks >= 1, "the KV budget of " + std::to_string(setup.kv_budget_bytes) +
