@@ -1,4 +1,4 @@
-// Timing of the cache work (issue 4, "Performance"): prefill-write per 1K tokens and the
+// Timing of the cache work: prefill-write per 1K tokens and the
 // cache part of a decode step (control + append for every layer + promotion) at batch 1,
 // 16, 64, Qwen3-4B shapes (36 layers, 8 KV heads, d = 128). CUDA events; the decode step
 // is a captured CUDA graph, replayed with the sequence lengths advancing every step.

@@ -34,11 +34,8 @@ struct StepPlan {
                                            // step's last layer, or -1
   int32_t* error_flags = nullptr;      // [1] bit 0: more requests than slots (the step's work is skipped)
   int32_t max_splits = 1;              // capacity of splits per row (grid dimension of the decode kernel)
-  // Added by the cache (issue 4):
-  int32_t* row_pages = nullptr;        // [max_batch] pool pages the row attends: decode_layout(seq_len).quant_pages
-                                       // for FP8/NVFP4/MXFP4 (the last one partial without BF16 recent); for the
-                                       // BF16 format every page ceil(seq_len / 128), the last one partial (the BF16
-                                       // format keeps all tokens in its pool pages and uses no slot rows)
+  // Filled by the cache's control kernel:
+  int32_t* row_pages = nullptr;        // [max_batch] pool pages the row attends (split_plan.h attended_pages)
   int32_t* num_rows = nullptr;         // [1] this step's batch; rows >= it have row_splits = 0, row_slot = -1
 };
 // Semantics (kv_cache.h): error_flags is sticky. The control kernel ORs in new bits and
