@@ -209,43 +209,76 @@ int DecodeAttention::split_target_ctas(int batch, int sms) const {
   return std::max(1, s) * rows;
 }
 
-// Builds the message of the first failed check (cold: only after a check failed).
-void DecodeAttention::check_step(const DecodeStep& s, const DecodeLayerView& v, const void* q, const void* out) const {
+namespace {
+
+// The checks of a run, in order; the first that fails names the error.
+enum StepProblem : int {
+  kStepOk = 0,
+  kMovedFrom,
+  kBatchOutsideCapacity,
+  kSplitsOutsideCapacity,
+  kNoSplitArrays,
+  kNoSlotArray,
+  kNoTables,
+  kNoIo,
+  kQMisaligned,
+  kWrongFormat,
+  kBadPool,
+  kBadBlockStride,
+  kNoSlotBuffer,
+};
+
+}  // namespace
+
+// Integer comparisons only: this runs every step.
+int DecodeAttention::step_problem(const DecodeStep& s, const DecodeLayerView& v, const void* q, const void* out) const {
+  const bool slots_needed = uses_slot_buffer(recipe_);
+  if (partial_out_ == nullptr) return kMovedFrom;
+  if (s.batch < 1 || s.batch > capacity_.max_batch) return kBatchOutsideCapacity;
+  if (s.plan.max_splits < 1 || s.plan.max_splits > capacity_.max_splits) return kSplitsOutsideCapacity;
+  if (!s.plan.row_splits || !s.plan.row_pages_per_split) return kNoSplitArrays;
+  if (slots_needed && !s.plan.row_slot) return kNoSlotArray;
+  if (!s.block_tables || !s.seq_lens) return kNoTables;
+  if (!q || !out) return kNoIo;
+  if (misaligned(q)) return kQMisaligned;
+  if (v.format != recipe_.kv) return kWrongFormat;
+  if (!v.pool || misaligned(v.pool)) return kBadPool;
+  if (v.block_stride < min_block_stride() || v.block_stride % kDeviceAlign != 0) return kBadBlockStride;
+  if (slots_needed && (v.slot_buffer == nullptr || v.slots < 1)) return kNoSlotBuffer;
+  return kStepOk;
+}
+
+// The message of a failed check (cold: built only after step_problem found one).
+void DecodeAttention::throw_step_problem(int problem, const DecodeStep& s, const DecodeLayerView& v) const {
   const std::string who = who_of(recipe_);
-  require(partial_out_ != nullptr, who + "run on a moved-from object");
-  require(s.batch >= 1 && s.batch <= capacity_.max_batch,
-          who + "batch " + std::to_string(s.batch) + " outside the capacity 1.." + std::to_string(capacity_.max_batch));
-  require(s.plan.max_splits >= 1 && s.plan.max_splits <= capacity_.max_splits,
-          who + "plan.max_splits " + std::to_string(s.plan.max_splits) + " outside the capacity 1.." +
-              std::to_string(capacity_.max_splits));
-  require(s.plan.row_splits && s.plan.row_pages_per_split, who + "the step plan has no split arrays");
-  require(!uses_slot_buffer(recipe_) || s.plan.row_slot, who + "the step plan has no slot array");
-  require(s.block_tables && s.seq_lens, who + "null block_tables or seq_lens");
-  require(q && out, who + "null q or out");
-  require(!misaligned(q), who + "q must be 16-byte aligned (vector loads)");
-  require(v.format == recipe_.kv,
-          who + "the cache stores " + to_string(v.format) + " pages but the recipe wants " + to_string(recipe_.kv));
-  require(v.pool && !misaligned(v.pool), who + "the pool must be non-null and 16-byte aligned (bulk page copies)");
-  require(v.block_stride >= (long long)layout_.bytes * geometry_.kv_heads && v.block_stride % kDeviceAlign == 0,
-          who + "block_stride " + std::to_string(v.block_stride) + " must be a multiple of 16 bytes and at least " +
-              std::to_string((long long)layout_.bytes * geometry_.kv_heads) + " (kv_heads * layout bytes)");
-  require(!uses_slot_buffer(recipe_) || (v.slot_buffer != nullptr && v.slots >= 1),
-          who + "the recipe keeps BF16 sink/recent tokens but the layer view has no slot buffer");
+  switch (problem) {
+    case kMovedFrom: throw Error(who + "run on a moved-from object");
+    case kBatchOutsideCapacity:
+      throw Error(who + "batch " + std::to_string(s.batch) + " outside the capacity 1.." +
+                  std::to_string(capacity_.max_batch));
+    case kSplitsOutsideCapacity:
+      throw Error(who + "plan.max_splits " + std::to_string(s.plan.max_splits) + " outside the capacity 1.." +
+                  std::to_string(capacity_.max_splits));
+    case kNoSplitArrays: throw Error(who + "the step plan has no split arrays");
+    case kNoSlotArray: throw Error(who + "the step plan has no slot array");
+    case kNoTables: throw Error(who + "null block_tables or seq_lens");
+    case kNoIo: throw Error(who + "null q or out");
+    case kQMisaligned: throw Error(who + "q must be 16-byte aligned (vector loads)");
+    case kWrongFormat:
+      throw Error(who + "the cache stores " + to_string(v.format) + " pages but the recipe wants " +
+                  to_string(recipe_.kv));
+    case kBadPool: throw Error(who + "the pool must be non-null and 16-byte aligned (bulk page copies)");
+    case kBadBlockStride:
+      throw Error(who + "block_stride " + std::to_string(v.block_stride) + " must be a multiple of 16 bytes and at least " +
+                  std::to_string(min_block_stride()) + " (kv_heads * layout bytes)");
+    default: throw Error(who + "the recipe keeps BF16 sink/recent tokens but the layer view has no slot buffer");
+  }
 }
 
 void DecodeAttention::run_typed(const DecodeStep& s, const DecodeLayerView& v, const void* q, detail::IoType io,
                                 void* out, float* lse, cudaStream_t stream) {
-  const bool slots_needed = uses_slot_buffer(recipe_);
-  const bool ok = partial_out_ != nullptr && s.batch >= 1 && s.batch <= capacity_.max_batch &&
-                  s.plan.max_splits >= 1 && s.plan.max_splits <= capacity_.max_splits && s.plan.row_splits &&
-                  s.plan.row_pages_per_split && (!slots_needed || s.plan.row_slot) && s.block_tables && s.seq_lens &&
-                  q && out && !misaligned(q) && v.format == recipe_.kv && v.pool && !misaligned(v.pool) &&
-                  v.block_stride >= (long long)layout_.bytes * geometry_.kv_heads &&
-                  v.block_stride % kDeviceAlign == 0 && (!slots_needed || (v.slot_buffer && v.slots >= 1));
-  if (!ok) [[unlikely]] {
-    check_step(s, v, q, out);
-    throw Error(who_of(recipe_) + "invalid step");  // unreachable: check_step names the failure
-  }
+  if (const int problem = step_problem(s, v, q, out); problem != kStepOk) [[unlikely]]
+    throw_step_problem(problem, s, v);
 
   detail::KernelArgs a = decode_args_;
   a.pool = v.pool;

@@ -128,7 +128,10 @@ class DecodeAttention {
  private:
   void run_typed(const DecodeStep& step, const DecodeLayerView& layer, const void* q, detail::IoType io, void* out,
                  float* lse, cudaStream_t stream);
-  void check_step(const DecodeStep& step, const DecodeLayerView& layer, const void* q, const void* out) const;
+  // The first failed check of a run (0: none), and the Error that names it.
+  int step_problem(const DecodeStep& step, const DecodeLayerView& layer, const void* q, const void* out) const;
+  [[noreturn]] void throw_step_problem(int problem, const DecodeStep& step, const DecodeLayerView& layer) const;
+  long long min_block_stride() const { return (long long)layout_.bytes * geometry_.kv_heads; }
   void release() noexcept;
 
   DecodeGeometry geometry_;

@@ -55,8 +55,7 @@ __device__ __forceinline__ void write_partial(const KernelArgs& a, const CtaSmem
     for (int j = 0; j < NTP; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int cg = P::kBulk ? warp % (P::CG / K::CGW) + (P::CG / K::CGW) * i : i;
-        const int c = 16 * cg + c_frag_row(lane, e), hc = 8 * j + c_frag_col(lane, e);
+        const int c = 16 * o_channel_group<K>(warp, i) + c_frag_row(lane, e), hc = 8 * j + c_frag_col(lane, e);
         om[(slice * NTP * 8 + hc) * D + c] = acc.o[i][j][e];
       }
   __syncthreads();
@@ -97,7 +96,7 @@ __device__ __forceinline__ void split_part(const KernelArgs& a, const CtaSmem& s
   st.init(sm.gfac, map);
   OAccum<K> acc;
   zero(acc.o);
-  const int slice = P::kBulk ? warp / (P::CG / K::CGW) : warp;  // which partial O this warp adds to
+  const int slice = o_slice<K>(warp);  // which partial O this warp adds to
   QueryOperand<K> q;
   q.load(sm.qfrag, lane);
 

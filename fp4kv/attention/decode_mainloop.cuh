@@ -130,10 +130,8 @@ __device__ __forceinline__ void key_product(const uint8_t* st, int warp, int lan
 // The warp's P.V work of a bulk page: channel group of its ci-th group, first k-step ks0.
 template <class K>
 struct ValueOwner {
-  static constexpr int kGroupsStride = K::Plan::CG / K::CGW;
   int warp, lane, ks0;
   uint32_t p_addr;  // this lane's ldmatrix row in P^T buffer 0
-  __device__ __forceinline__ int channel_group(int ci) const { return warp % kGroupsStride + kGroupsStride * ci; }
 };
 
 // O^T += V^T P^T of the page in stage `st` with P^T from buffer `pbuf`: the warp's channel
@@ -153,7 +151,7 @@ __device__ __forceinline__ void value_product(const uint8_t* st, int pbuf, const
   zero(tmp2);
 #pragma unroll
   for (int ci = 0; ci < CGW; ++ci) {
-    const int cg = vo.channel_group(ci);
+    const int cg = o_channel_group<K>(vo.warp, ci);
     constexpr int KPP = F::kKStepsPerPart;
     uint32_t vw[KSP * (F::kFp4 ? 1 : 2)];
 #pragma unroll

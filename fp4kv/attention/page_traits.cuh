@@ -101,11 +101,6 @@ __device__ __forceinline__ void load_scale_pairs(const uint16_t* p, uint32_t (&r
 
 // ---- The formats ------------------------------------------------------------------------------
 
-// Accumulator chains of S^T (even and odd k-steps, added at the end: half the dependent MMA
-// latency per page): float[2][NT][4]. `bacc` is MXFP4's per-block product.
-template <int NT>
-using KeyAcc = float[2][NT][4];
-
 struct NvFp4Page {
   static constexpr KvFormat kFormat = KvFormat::nvfp4;
   static constexpr bool kFp4 = true;

@@ -242,6 +242,19 @@ __device__ __forceinline__ void softmax_page(int buf, const float (&sv)[K::NSL][
   pv_slot_factors<K>(alpha_s, fac_s, vfac, map, alpha_p, fac_p);
 }
 
+// The channel group (16 channels) of a warp's ci-th O accumulator: bulk formats spread the
+// groups over the warps (warp w owns w % (CG / CGW) + (CG / CGW) ci; the warp's partial-O
+// slice is w / (CG / CGW)); in BF16 kernels every warp holds every group.
+template <class K>
+__device__ __forceinline__ int o_channel_group(int warp, int ci) {
+  constexpr int kStride = K::Plan::CG / K::CGW;
+  return K::Plan::kBulk ? warp % kStride + kStride * ci : ci;
+}
+template <class K>
+__device__ __forceinline__ int o_slice(int warp) {
+  return K::Plan::kBulk ? warp / (K::Plan::CG / K::CGW) : warp;
+}
+
 // The O^T accumulators of a thread: channel group (16 channels) x n-tile (8 heads).
 template <class K>
 struct OAccum {
