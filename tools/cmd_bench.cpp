@@ -72,23 +72,6 @@ struct Point {
   std::string note;
 };
 
-// Read bandwidth (streaming loads over 4 GiB) and device-copy bandwidth (read + write).
-void measure_bandwidth(double& read_tbs, double& copy_tbs) {
-  const size_t bytes = size_t(4) << 30;
-  DeviceBuffer<uint8_t> buf(bytes);
-  DeviceBuffer<unsigned long long> sink(1);
-  buf.fill_bytes(1);
-  for (int i = 0; i < 3; ++i) testing::stream_read(buf.get(), bytes, sink.get());
-  read_tbs = double(bytes) / (median_event_us(15, [&](int) { testing::stream_read(buf.get(), bytes, sink.get()); }) * 1e-6) / 1e12;
-  const size_t half = bytes / 2;
-  for (int i = 0; i < 2; ++i)
-    cuda_check(cudaMemcpyAsync(buf.get() + half, buf.get(), half, cudaMemcpyDeviceToDevice), "bench: copy");
-  copy_tbs = 2.0 * double(half) /
-             (median_event_us(15, [&](int) { cudaMemcpyAsync(buf.get() + half, buf.get(), half, cudaMemcpyDeviceToDevice); }) *
-              1e-6) /
-             1e12;
-}
-
 Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, const BenchArgs& A, int sms) {
   Point pt;
   pt.shape = s.name;
@@ -204,7 +187,7 @@ int run_bench(const BenchArgs& A) {
   cuda_check(cudaGetDeviceProperties(&prop, dev), "bench: cudaGetDeviceProperties");
   const int sms = prop.multiProcessorCount;
   double read_tbs = 0, copy_tbs = 0;
-  measure_bandwidth(read_tbs, copy_tbs);
+  testing::measure_bandwidth(read_tbs, copy_tbs);
   std::printf("device %s, %d SMs, L2 %d MB: streaming read %.2f TB/s, device copy %.2f TB/s (read + write)\n", prop.name,
               sms, prop.l2CacheSize >> 20, read_tbs, copy_tbs);
   std::map<std::string, double> sdpa;  // "shape/ctx/batch" -> us
@@ -315,7 +298,8 @@ Action add_bench(CLI::App& app) {
   dec->add_option("--markdown", a->markdown, "markdown table output")->capture_default_str();
   dec->add_option("--svg", a->svg, "SVG plot output")->capture_default_str();
   dec->add_option("--sdpa", a->sdpa, "JSON from bench/sdpa_baseline.py (adds the SDPA column)");
-  return [a, dec] { return dec->parsed() ? run_bench(*a) : 1; };
+  const Action step = add_bench_step(*cmd);
+  return [a, dec, step] { return dec->parsed() ? run_bench(*a) : step(); };
 }
 
 }  // namespace fp4kv::cli

@@ -17,13 +17,19 @@
 #include "fp4kv/model/byte_tokenizer.h"
 #include "fp4kv/model/qwen3.h"
 #include "tools/commands.h"
+#ifdef FP4KV_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "fp4kv/engine/gpu_generator.h"
+#include "fp4kv/engine/gpu_weights.h"
+#endif
 
 namespace fp4kv::cli {
 
 namespace {
 
 struct GenerateArgs {
-  std::string model = "models/pk8l", kv = "nvfp4", prompt, prompt_file, calibration, device = "cpu";
+  std::string model = "models/pk8l", kv = "nvfp4", prompt, prompt_file, calibration, device = "auto";
   engine::GenerateOptions options;
   bool prompt_given = false;  // --prompt '' is an empty prompt, not a missing one
 };
@@ -41,30 +47,83 @@ std::string read_prompt(const GenerateArgs& a) {
   return a.prompt;
 }
 
-int run_generate(const GenerateArgs& a) {
-  require(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '" + a.device + "'");
-  require(a.device == "cpu", "--device cuda: the GPU engine is not part of this build yet; use --device cpu");
-  Recipe recipe = parse_recipe(a.kv);
-  const std::string text = read_prompt(a);
-  require(!text.empty(), "the prompt is empty");
+void print_token(int token) {
+  const std::string piece = model::decode_bytes({token});
+  std::fwrite(piece.data(), 1, piece.size(), stdout);
+  std::fflush(stdout);
+}
+
+void print_stats(const char* device, const Recipe& recipe, const engine::GenerateStats& s) {
+  std::fprintf(stderr,
+               "\n[fp4kv generate] device %s, kv %s: prompt %d tokens, prefill %.3f s, %d tokens generated%s, "
+               "%.2f ms per output token, %.1f tokens/s\n",
+               device, recipe.name.c_str(), s.prompt_tokens, s.prefill_seconds, s.generated,
+               s.stopped_at_eos ? " (EOS)" : "", 1e3 * s.seconds_per_token(), s.tokens_per_second());
+}
+
+bool cuda_device_visible() {
+#ifdef FP4KV_HAVE_CUDA
+  int n = 0;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (!ok) (void)cudaGetLastError();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+int generate_on_cpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>& prompt) {
+  require(a.model.find(":random") == std::string::npos,
+          "--model " + a.model + ": random-weight models run on the GPU only (--device cuda)");
   const model::Qwen3Model m = model::Qwen3Model::load(a.model);
   model::require_byte_tokenizer(m.config(), a.model);
   const std::unique_ptr<eval::Calibration> cal = eval::calibration_for_recipe(&recipe, a.model, a.calibration, m);
-  const std::vector<int> prompt = model::encode_bytes(text);
   const model::AttentionFn attend = eval::recipe_attention(m.config(), recipe, cal.get());
-  const engine::GenerateStats s = eval::with_memory_guard("generating", [&] {
-    return engine::generate_on_cpu(m, attend, prompt, a.options, [&](int token) {
-      const std::string piece = model::decode_bytes({token});
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-    });
-  });
-  std::fprintf(stderr,
-               "\n[fp4kv generate] device cpu, kv %s: prompt %d tokens, prefill %.3f s, %d tokens generated%s, "
-               "%.1f ms per output token, %.2f tokens/s\n",
-               recipe.name.c_str(), s.prompt_tokens, s.prefill_seconds, s.generated, s.stopped_at_eos ? " (EOS)" : "",
-               1e3 * s.seconds_per_token(), s.tokens_per_second());
+  const engine::GenerateStats s = eval::with_memory_guard(
+      "generating", [&] { return engine::generate_on_cpu(m, attend, prompt, a.options, print_token); });
+  print_stats("cpu", recipe, s);
   return 0;
+}
+
+#ifdef FP4KV_HAVE_CUDA
+int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>& prompt) {
+  const engine::GpuWeights w = engine::GpuWeights::from_spec(a.model);
+  std::unique_ptr<eval::Calibration> cal;
+  if (w.is_random()) {
+    std::fprintf(stderr, "[fp4kv generate] %s: random weights (speed only: the text is noise), keys not smoothed\n",
+                 a.model.c_str());
+  } else {
+    model::require_byte_tokenizer(w.config(), a.model);
+    cal = eval::calibration_for_recipe(&recipe, a.model, a.calibration, w.config(), {});
+  }
+  engine::check_generate_options(w.config(), prompt, a.options);
+  engine::GpuModelOptions o;
+  o.max_batch = 1;
+  o.max_context = int(prompt.size()) + a.options.max_tokens;
+  engine::GpuModel gpu(w, recipe, cal ? cal->mu_k.data() : nullptr, o);
+  const engine::GenerateStats s = engine::generate_on_gpu(gpu, prompt, a.options, print_token);
+  print_stats("cuda", recipe, s);
+  return 0;
+}
+#endif
+
+int run_generate(const GenerateArgs& a) {
+  require(a.device == "auto" || a.device == "cpu" || a.device == "cuda",
+          "--device must be auto, cpu or cuda, got '" + a.device + "'");
+  const Recipe recipe = parse_recipe(a.kv);
+  const std::string text = read_prompt(a);
+  require(!text.empty(), "the prompt is empty");
+  const std::vector<int> prompt = model::encode_bytes(text);
+  const bool gpu = a.device == "cuda" || (a.device == "auto" && cuda_device_visible());
+#ifdef FP4KV_HAVE_CUDA
+  if (gpu) {
+    require(cuda_device_visible(), "--device cuda: no CUDA device is visible");
+    return generate_on_gpu(a, recipe, prompt);
+  }
+#else
+  require(!gpu, "--device cuda: this build has no CUDA (nvcc was not found at configure time)");
+#endif
+  return generate_on_cpu(a, recipe, prompt);
 }
 
 }  // namespace
@@ -72,7 +131,7 @@ int run_generate(const GenerateArgs& a) {
 Action add_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* sub = app.add_subcommand("generate", "Generate text from a prompt over an FP4 (or other) KV cache");
-  sub->add_option("--model", a->model, "Hugging Face Qwen3 checkpoint directory (byte tokenizer)")->capture_default_str();
+  sub->add_option("--model", a->model, "Hugging Face Qwen3 checkpoint directory (byte tokenizer), or NAME:random on the GPU (speed only)")->capture_default_str();
   sub->add_option("--kv", a->kv, "KV-cache recipe: PRESET[:switch,...]")->capture_default_str();
   CLI::Option* prompt = sub->add_option("--prompt", a->prompt, "prompt text");
   sub->add_option("--prompt-file", a->prompt_file, "file holding the prompt");
@@ -81,7 +140,7 @@ Action add_generate(CLI::App& app) {
   sub->add_option("--top-k", a->options.sampling.top_k, "keep the k most likely tokens (0: all)")->capture_default_str();
   sub->add_option("--top-p", a->options.sampling.top_p, "nucleus mass in (0, 1]")->capture_default_str();
   sub->add_option("--seed", a->options.sampling.seed, "seed of the sampling draws")->capture_default_str();
-  sub->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  sub->add_option("--device", a->device, "auto (the GPU when one is visible), cpu or cuda")->capture_default_str();
   sub->add_option("--calibration", a->calibration, "calibration file (default: beside the model)");
   return [a, prompt] {
     a->prompt_given = prompt->count() > 0;

@@ -18,7 +18,8 @@ Action add_bench_report(CLI::App& app);  // `fp4kv bench-report`: render a decod
 Action add_serve(CLI::App& app);  // `fp4kv serve`: OpenAI-compatible HTTP server (with cpp-httplib)
 #endif
 #ifdef FP4KV_HAVE_CUDA
-Action add_bench(CLI::App& app);  // `fp4kv bench decode` (CUDA builds only)
+Action add_bench(CLI::App& app);  // `fp4kv bench decode|step` (CUDA builds only)
+Action add_bench_step(CLI::App& bench);  // `fp4kv bench step`: the GPU engine's decode step
 #endif
 
 }  // namespace fp4kv::cli

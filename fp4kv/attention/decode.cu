@@ -126,7 +126,8 @@ void DecodeAttention::check_supported(const DecodeGeometry& g, const Recipe& r, 
   require(bool(detail::find_decode_kernel(r.kv, g.head_dim, detail::operand_mode(r), detail::column_tiles(r, G))),
           who + "no decode kernel instance for " + to_string(r.kv) + ", head_dim " + std::to_string(g.head_dim) +
               ", G " + std::to_string(G));
-  require(detail::find_combine_kernel(g.head_dim) != nullptr,
+  require(detail::find_combine_kernel(g.head_dim, detail::IoType::f32) != nullptr &&
+              detail::find_combine_kernel(g.head_dim, detail::IoType::bf16) != nullptr,
           who + "no combine kernel instance for head_dim " + std::to_string(g.head_dim));
 }
 
@@ -136,7 +137,8 @@ DecodeAttention::DecodeAttention(const DecodeGeometry& g, const Recipe& r, const
   const int G = g.q_heads / g.kv_heads;
   layout_ = cache::PageLayout::make(r.kv, g.head_dim);
   kernel_ = detail::find_decode_kernel(r.kv, g.head_dim, detail::operand_mode(r), detail::column_tiles(r, G));
-  combine_ = detail::find_combine_kernel(g.head_dim);
+  combine_f32_ = detail::find_combine_kernel(g.head_dim, detail::IoType::f32);
+  combine_bf16_ = detail::find_combine_kernel(g.head_dim, detail::IoType::bf16);
   const size_t parts = size_t(c.max_batch) * g.q_heads * (c.max_splits + 1);
   try {
     cuda_check(cudaMalloc(&partial_out_, parts * g.head_dim * sizeof(float)), "decode attention: cudaMalloc(partial out)");
@@ -166,7 +168,8 @@ DecodeAttention::DecodeAttention(DecodeAttention&& o) noexcept
       capacity_(o.capacity_),
       layout_(o.layout_),
       kernel_(o.kernel_),
-      combine_(o.combine_),
+      combine_f32_(o.combine_f32_),
+      combine_bf16_(o.combine_bf16_),
       ctas_per_sm_(o.ctas_per_sm_),
       partial_out_(std::exchange(o.partial_out_, nullptr)),
       partial_lse_(std::exchange(o.partial_lse_, nullptr)),
@@ -184,7 +187,8 @@ DecodeAttention& DecodeAttention::operator=(DecodeAttention&& o) noexcept {
     capacity_ = o.capacity_;
     layout_ = o.layout_;
     kernel_ = o.kernel_;
-    combine_ = o.combine_;
+    combine_f32_ = o.combine_f32_;
+    combine_bf16_ = o.combine_bf16_;
     ctas_per_sm_ = o.ctas_per_sm_;
     partial_out_ = std::exchange(o.partial_out_, nullptr);
     partial_lse_ = std::exchange(o.partial_lse_, nullptr);
@@ -308,12 +312,10 @@ void DecodeAttention::run_typed(const DecodeStep& s, const DecodeLayerView& v, c
   c.num_rows = s.plan.num_rows;
   c.max_splits = s.plan.max_splits;
   c.q = q;
-  c.q_type = io;
   c.mu_k = recipe_.smooth_keys ? v.mu_k : nullptr;
   c.out = out;
-  c.out_type = io;
   c.lse = lse;
-  combine_(c, stream);
+  (io == detail::IoType::bf16 ? combine_bf16_ : combine_f32_)(c, stream);
   cuda_check(cudaGetLastError(), "decode attention: combine kernel launch");
 }
 

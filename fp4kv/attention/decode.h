@@ -139,7 +139,8 @@ class DecodeAttention {
   DecodeCapacity capacity_;
   cache::PageLayout layout_;
   detail::DecodeKernel kernel_;
-  detail::CombineLaunch combine_ = nullptr;
+  detail::CombineLaunch combine_f32_ = nullptr;   // the combine writing FP32 output
+  detail::CombineLaunch combine_bf16_ = nullptr;  // and BF16
   int ctas_per_sm_ = 0;
   float* partial_out_ = nullptr;  // [max_batch][q_heads][max_splits + 1][d]
   float* partial_lse_ = nullptr;  // [max_batch][q_heads][max_splits + 1] (base 2)

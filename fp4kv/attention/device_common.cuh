@@ -25,7 +25,7 @@ template <class F, int D, int OM, int NT>
 int decode_occupancy(int G);  // resident CTAs per SM of that variant
 template <class F, int D, int OM, int NT>
 void launch_decode(const KernelArgs& a, cudaStream_t stream);
-template <int D>
+template <int D, IoType IO>
 void launch_combine(const CombineArgs& a, cudaStream_t stream);
 
 // ---- PTX wrappers ------------------------------------------------------------------------
@@ -114,13 +114,16 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ uint32_t half_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
 __device__ __forceinline__ uint32_t bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
-// Element i of an input (query) or output array of either I/O type.
-__device__ __forceinline__ float load_io(const void* p, IoType type, size_t i) {
-  if (type == IoType::bf16) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(p)[i]) << 16);
-  return static_cast<const float*>(p)[i];
+// Element i of an input (query) or output array of the I/O type IO (a template argument,
+// so a kernel reads and writes its one type with no branch).
+template <IoType IO>
+__device__ __forceinline__ float load_io(const void* p, size_t i) {
+  if constexpr (IO == IoType::bf16) return __uint_as_float(uint32_t(static_cast<const uint16_t*>(p)[i]) << 16);
+  else return static_cast<const float*>(p)[i];
 }
-__device__ __forceinline__ void store_io(void* p, IoType type, size_t i, float v) {
-  if (type == IoType::bf16) static_cast<uint16_t*>(p)[i] = uint16_t(bf16_bits(v));
+template <IoType IO>
+__device__ __forceinline__ void store_io(void* p, size_t i, float v) {
+  if constexpr (IO == IoType::bf16) static_cast<uint16_t*>(p)[i] = uint16_t(bf16_bits(v));
   else static_cast<float*>(p)[i] = v;
 }
 

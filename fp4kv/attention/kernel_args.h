@@ -60,11 +60,10 @@ struct CombineArgs {
   int max_splits;
   const float* part_o;
   const float* part_lse;
-  const void* q;  // of q_type; read only for the LSE's mu_k shift
-  IoType q_type;
+  // q and out are of the combine instance's I/O type (its template argument, the run's).
+  const void* q;      // read only for the LSE's mu_k shift
   const float* mu_k;  // [kv_heads][d] or null (only when the recipe smooths keys)
-  void* out;          // [batch][q_heads][d] of out_type
-  IoType out_type;
+  void* out;          // [batch][q_heads][d]
   float* lse;
 };
 

@@ -35,4 +35,6 @@
   template int decode_smem_bytes<FMT, D, MODE, NT>(int);                            \
   template int decode_occupancy<FMT, D, MODE, NT>(int);                             \
   template void launch_decode<FMT, D, MODE, NT>(const KernelArgs&, cudaStream_t);
-#define FP4KV_INSTANTIATE_COMBINE(D) template void launch_combine<D>(const CombineArgs&, cudaStream_t);
+#define FP4KV_INSTANTIATE_COMBINE(D)                                                   \
+  template void launch_combine<D, IoType::f32>(const CombineArgs&, cudaStream_t); \
+  template void launch_combine<D, IoType::bf16>(const CombineArgs&, cudaStream_t);

@@ -33,9 +33,9 @@ DecodeKernel find_decode_kernel(KvFormat format, int head_dim, OperandMode mode,
   return {};
 }
 
-CombineLaunch find_combine_kernel(int head_dim) {
+CombineLaunch find_combine_kernel(int head_dim, IoType io) {
 #define FP4KV_COMBINE_CASE(D) \
-  if (head_dim == D) return launch_combine<D>;
+  if (head_dim == D) return io == IoType::bf16 ? launch_combine<D, IoType::bf16> : launch_combine<D, IoType::f32>;
   FP4KV_COMBINE_HEAD_DIMS(FP4KV_COMBINE_CASE)
 #undef FP4KV_COMBINE_CASE
   return nullptr;

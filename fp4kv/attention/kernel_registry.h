@@ -28,10 +28,11 @@ struct DecodeKernel {
 // has none.
 DecodeKernel find_decode_kernel(KvFormat format, int head_dim, OperandMode mode, int column_tiles);
 
-// The combine kernel of a head_dim (64, 128, 256), or null. Enqueued as a programmatic
-// dependent of the decode kernel when the device allows it, else a plain launch.
+// The combine kernel of a head_dim (64, 128, 256) writing I/O type `io`, or null. Enqueued
+// as a programmatic dependent of the decode kernel when the device allows it, else a plain
+// launch.
 using CombineLaunch = void (*)(const CombineArgs&, cudaStream_t);
-CombineLaunch find_combine_kernel(int head_dim);
+CombineLaunch find_combine_kernel(int head_dim, IoType io);
 
 // The operand mode a recipe's kernel uses: native recipes quantize Q and P together.
 OperandMode operand_mode(const Recipe& r);

@@ -27,7 +27,7 @@ struct MergeState {
   }
 };
 
-template <int D>
+template <int D, IoType IO>
 __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   const int qh = blockIdx.x, b = blockIdx.y, c = threadIdx.x;
   __shared__ float red[D / 32];
@@ -42,13 +42,13 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   const int n_row = a.seq_lens[b];
   const int row_splits = a.row_splits[b], pps = a.row_pps[b];
   if (err != 0) {
-    store_io(a.out, a.out_type, oi, quiet_nan());
+    store_io<IO>(a.out, oi, quiet_nan());
     if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = quiet_nan();
     return;
   }
   const int n = b >= rows ? 0 : n_row;
   if (n <= 0) {
-    store_io(a.out, a.out_type, oi, 0.0f);
+    store_io<IO>(a.out, oi, 0.0f);
     if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = neg_inf();
     return;
   }
@@ -86,15 +86,15 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   }
   if (bf) m.add(s_lse[a.max_splits], v_bf);
   if (!(m.wsum > 0.0f)) {  // no split contributed (a row the control kernel gave no work)
-    store_io(a.out, a.out_type, oi, 0.0f);
+    store_io<IO>(a.out, oi, 0.0f);
     if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = neg_inf();
     return;
   }
-  store_io(a.out, a.out_type, oi, m.acc / m.wsum);
+  store_io<IO>(a.out, oi, m.acc / m.wsum);
   if (!a.lse) return;
   float shift = 0.0f;
   if (a.mu_k) {
-    const float qv = load_io(a.q, a.q_type, oi);
+    const float qv = load_io<IO>(a.q, oi);
     float x = (is_finite(qv) ? qv : 0.0f) * a.mu_k[size_t(qh / a.G) * D + c];
     x = warp_sum_xor(x, 1);
     if (c % 32 == 0) red[c / 32] = x;
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   if (c == 0) a.lse[size_t(b) * a.q_heads + qh] = (big + log2f(m.wsum)) * kLn2 + shift;
 }
 
-template <int D>
+template <int D, IoType IO>
 void launch_combine(const CombineArgs& a, cudaStream_t stream) {
   // Programmatic dependent launch: the combine grid is set up while the decode kernel
   // finishes and waits for it in griddepcontrol.wait.
@@ -120,9 +120,9 @@ void launch_combine(const CombineArgs& a, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  if (cudaLaunchKernelEx(&cfg, combine_kernel<D>, a) != cudaSuccess) {
+  if (cudaLaunchKernelEx(&cfg, combine_kernel<D, IO>, a) != cudaSuccess) {
     (void)cudaGetLastError();  // not available here: a plain launch
-    combine_kernel<D><<<dim3(a.q_heads, a.batch), D, (a.max_splits + 1) * sizeof(float), stream>>>(a);
+    combine_kernel<D, IO><<<dim3(a.q_heads, a.batch), D, (a.max_splits + 1) * sizeof(float), stream>>>(a);
   }
 }
 

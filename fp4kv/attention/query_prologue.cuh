@@ -17,22 +17,30 @@ namespace fp4kv::attention::detail {
 
 inline constexpr int kNoExponent = -1000;  // an all-zero block: sets no shift
 
+// The BF16 query words of one lane: a volatile non-coherent load, so the compiler keeps it
+// inside its branch instead of issuing it beside the FP32 load and selecting (the type is
+// uniform over the grid; a speculated second load costs instructions in every CTA).
+template <int W>
+__device__ __forceinline__ void ldg_words(const void* p, uint32_t (&w)[W]) {
+  if constexpr (W == 1) {
+    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
+  } else if constexpr (W == 2) {
+    asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+  } else {
+    static_assert(W == 4);
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "l"(p));
+  }
+}
+
 // E consecutive query elements from `offset` (E = 2, 4, 8; offset a multiple of E, the
 // array 16-byte aligned): one vector load of either I/O type, widened to FP32 (exact).
 template <int E>
 __device__ __forceinline__ void load_query_lane(const void* q, IoType type, size_t offset, float (&x)[E]) {
   if (type == IoType::bf16) {
-    const uint16_t* src = static_cast<const uint16_t*>(q) + offset;
     uint32_t w[E / 2];
-    if constexpr (E == 2) {
-      w[0] = __ldg(reinterpret_cast<const unsigned int*>(src));
-    } else if constexpr (E == 4) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
-      w[0] = v.x, w[1] = v.y;
-    } else {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
-      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-    }
+    ldg_words<E / 2>(static_cast<const uint16_t*>(q) + offset, w);
 #pragma unroll
     for (int k = 0; k < E / 2; ++k) {
       x[2 * k] = __uint_as_float(w[k] << 16);

@@ -13,7 +13,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void check_options(const model::Qwen3Config& c, const std::vector<int>& prompt, const GenerateOptions& o) {
+}  // namespace
+
+void check_generate_options(const model::Qwen3Config& c, const std::vector<int>& prompt, const GenerateOptions& o) {
   require(!prompt.empty(), "generate: the prompt is empty");
   require(o.max_tokens >= 1, "generate: --max-tokens must be >= 1, got " + std::to_string(o.max_tokens));
   ref::check_sampling(o.sampling);
@@ -28,13 +30,11 @@ void check_options(const model::Qwen3Config& c, const std::vector<int>& prompt, 
   }
 }
 
-}  // namespace
-
 GenerateStats generate_on_cpu(const model::Qwen3Model& model, const model::AttentionFn& attend,
                               const std::vector<int>& prompt, const GenerateOptions& o,
                               const std::function<void(int token)>& on_token) {
   const model::Qwen3Config& c = model.config();
-  check_options(c, prompt, o);
+  check_generate_options(c, prompt, o);
   GenerateStats stats;
   stats.prompt_tokens = int(prompt.size());
 

@@ -37,6 +37,11 @@ struct GenerateStats {
   double tokens_per_second() const { return decode_seconds > 0 ? (generated - 1) / decode_seconds : 0.0; }
 };
 
+// Throws fp4kv::Error for an empty prompt, bad options, or a sequence beyond the model's
+// max_position_embeddings (shared by the CPU and GPU generators).
+void check_generate_options(const model::Qwen3Config& config, const std::vector<int>& prompt,
+                            const GenerateOptions& options);
+
 // Prefills `prompt` and generates; calls on_token(token) as each token is drawn (before the
 // next step), so the caller can stream it. Throws fp4kv::Error for an empty prompt, bad
 // options, or a sequence beyond the model's max_position_embeddings.

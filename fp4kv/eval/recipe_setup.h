@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fp4kv/core/recipe.h"
 #include "fp4kv/eval/calibration.h"
@@ -20,5 +21,10 @@ inline bool recipe_needs_calibration(const Recipe& r) { return r.smooth_keys || 
 // the recipe scales P by tau, recipe->tau becomes the calibrated one.
 std::unique_ptr<Calibration> calibration_for_recipe(Recipe* recipe, const std::string& model_dir,
                                                     const std::string& path, const model::Qwen3Model& m);
+// The same for a model known by its config alone (the GPU engine's weights live on the
+// device); key_norm_bounds (Qwen3Model::key_norm_bounds) may be empty: no length check.
+std::unique_ptr<Calibration> calibration_for_recipe(Recipe* recipe, const std::string& model_dir,
+                                                    const std::string& path, const model::Qwen3Config& config,
+                                                    const std::vector<float>& key_norm_bounds);
 
 }  // namespace fp4kv::eval

@@ -2,6 +2,8 @@
 // queries generated on the device, and the streaming-read bandwidth probe.
 #include "fp4kv/testing/bench_support.h"
 
+#include "fp4kv/testing/cuda_testing.h"
+
 namespace fp4kv::testing {
 
 namespace {
@@ -126,6 +128,22 @@ void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStre
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   stream_read_kernel<<<sms * 4, 512, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
+}
+
+void measure_bandwidth(double& read_tbs, double& copy_tbs) {
+  const size_t bytes = size_t(4) << 30;
+  DeviceBuffer<uint8_t> buf(bytes);
+  DeviceBuffer<unsigned long long> sink(1);
+  buf.fill_bytes(1);
+  for (int i = 0; i < 3; ++i) stream_read(buf.get(), bytes, sink.get());
+  read_tbs = double(bytes) / (median_event_us(15, [&](int) { stream_read(buf.get(), bytes, sink.get()); }) * 1e-6) / 1e12;
+  const size_t half = bytes / 2;
+  for (int i = 0; i < 2; ++i)
+    FP4KV_CUDA_OK(cudaMemcpyAsync(buf.get() + half, buf.get(), half, cudaMemcpyDeviceToDevice));
+  copy_tbs = 2.0 * double(half) /
+             (median_event_us(15, [&](int) { cudaMemcpyAsync(buf.get() + half, buf.get(), half, cudaMemcpyDeviceToDevice); }) *
+              1e-6) /
+             1e12;
 }
 
 }  // namespace fp4kv::testing

@@ -25,4 +25,8 @@ void fill_random_float(float* p, size_t n, float scale, uint64_t seed, cudaStrea
 // only if it matches an impossible value (so the loads are not removed).
 void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStream_t stream = nullptr);
 
+// Read bandwidth (streaming loads over 4 GiB) and device-copy bandwidth (read + write), TB/s,
+// median of 15 CUDA-event-timed runs: the rates a benchmark's numbers are held to.
+void measure_bandwidth(double& read_tbs, double& copy_tbs);
+
 }  // namespace fp4kv::testing

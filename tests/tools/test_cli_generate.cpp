@@ -58,7 +58,6 @@ TEST(CliGenerate, BadInputsGetClearErrors) {
       {m + "--prompt hi --max-tokens 40000", "context"},
       {m + "--prompt hi --temperature -1", "temperature"},
       {m + "--prompt hi --top-p 1.5", "top_p"},
-      {m + "--prompt hi --device cuda", "GPU engine"},
       {m + "--prompt hi --device tpu", "--device"},
       {m + "--prompt-file /tmp", "directory"},
       {"generate --model /nonexistent --prompt hi", "/nonexistent"},
@@ -67,6 +66,20 @@ TEST(CliGenerate, BadInputsGetClearErrors) {
     const CliResult r = run_cli(c.args);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+// --device cuda runs the GPU engine where a device is visible and is a clear error elsewhere
+// (never a silent CPU run).
+TEST(CliGenerate, DeviceCudaRunsOrNamesTheMissingDevice) {
+  const CliResult r = run_cli("generate --model " + kModel + " --prompt hi --max-tokens 3 --device cuda");
+  if (r.code == 0) {
+    EXPECT_NE(r.output.find("device cuda"), std::string::npos) << r.output;
+  } else {
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_TRUE(r.output.find("no CUDA device") != std::string::npos ||
+                r.output.find("this build has no CUDA") != std::string::npos)
+        << r.output;
   }
 }
 

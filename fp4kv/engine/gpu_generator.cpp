@@ -1,0 +1,101 @@
+#include "fp4kv/engine/gpu_generator.h"
+
+#include <chrono>
+#include <numeric>
+#include <string>
+
+#include "fp4kv/core/error.h"
+
+namespace fp4kv::engine {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Rows of `batch` requests, request i owning blocks [i * pages, (i + 1) * pages).
+StepRows rows_for(int batch, int max_pages) {
+  StepRows rows;
+  rows.tokens.assign(batch, 0);
+  rows.seq_lens.assign(batch, 0);
+  rows.block_tables.resize(size_t(batch) * max_pages);
+  std::iota(rows.block_tables.begin(), rows.block_tables.end(), 0);
+  return rows;
+}
+
+}  // namespace
+
+GenerateStats generate_on_gpu(GpuModel& model, const std::vector<int>& prompt, const GenerateOptions& o,
+                              const std::function<void(int token)>& on_token) {
+  check_generate_options(model.config(), prompt, o);
+  const long long total = (long long)prompt.size() + o.max_tokens;
+  require(total <= model.options().max_context,
+          "generate: prompt (" + std::to_string(prompt.size()) + " tokens) + --max-tokens " +
+              std::to_string(o.max_tokens) + " exceeds the engine's max_context " +
+              std::to_string(model.options().max_context));
+  require((long long)model.max_pages() <= model.num_blocks(), "generate: the cache has fewer blocks than one request needs");
+  GenerateStats stats;
+  stats.prompt_tokens = int(prompt.size());
+  StepRows rows = rows_for(1, model.max_pages());
+  auto t0 = std::chrono::steady_clock::now();
+  for (size_t t = 0; t < prompt.size(); ++t) {
+    rows.tokens[0] = prompt[t];
+    rows.seq_lens[0] = int(t) + 1;
+    model.step(rows);
+  }
+  for (int step = 0; step < o.max_tokens; ++step) {
+    SamplingRow draw = o.sampling;
+    draw.step = uint64_t(step);
+    const int token = model.sample({draw})[0];
+    ++stats.generated;
+    if (step == 0) {
+      stats.prefill_seconds = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+    }
+    on_token(token);
+    if (o.stop_at_eos && model.config().is_eos(token)) {
+      stats.stopped_at_eos = true;
+      break;
+    }
+    if (step + 1 < o.max_tokens) {
+      rows.tokens[0] = token;
+      rows.seq_lens[0] += 1;
+      model.step(rows);
+    }
+  }
+  stats.decode_seconds = seconds_since(t0);
+  model.release(rows.block_tables[0]);
+  model.synchronize();
+  return stats;
+}
+
+void forced_logits_on_gpu(GpuModel& model, const std::vector<std::vector<int>>& sequences,
+                          const std::function<void(int position, const std::vector<float>& logits)>& on_step) {
+  const int B = int(sequences.size());
+  require(B >= 1 && B <= model.options().max_batch, "forced_logits_on_gpu: " + std::to_string(B) +
+                                                        " sequences for a max_batch of " +
+                                                        std::to_string(model.options().max_batch));
+  const size_t n = sequences[0].size();
+  for (const auto& s : sequences) require(s.size() == n, "forced_logits_on_gpu: sequences of different lengths");
+  require(n >= 1 && (long long)n <= model.options().max_context,
+          "forced_logits_on_gpu: " + std::to_string(n) + " tokens per sequence; max_context is " +
+              std::to_string(model.options().max_context));
+  require((long long)B * model.max_pages() <= model.num_blocks(),
+          "forced_logits_on_gpu: " + std::to_string(B) + " sequences need " +
+              std::to_string((long long)B * model.max_pages()) + " cache blocks, the cache has " +
+              std::to_string(model.num_blocks()));
+  StepRows rows = rows_for(B, model.max_pages());
+  for (size_t t = 0; t < n; ++t) {
+    for (int r = 0; r < B; ++r) {
+      rows.tokens[r] = sequences[r][t];
+      rows.seq_lens[r] = int(t) + 1;
+    }
+    model.step(rows);
+    on_step(int(t), model.read_logits());
+  }
+  for (int r = 0; r < B; ++r) model.release(rows.block_tables[size_t(r) * model.max_pages()]);
+  model.synchronize();
+}
+
+}  // namespace fp4kv::engine

@@ -1,0 +1,439 @@
+// The GPU decode step (gpu_model.h): buffers, the per-layer op sequence, graph capture.
+#include "fp4kv/engine/gpu_model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "fp4kv/attention/kv_cache_adapter.h"
+#include "fp4kv/cache/cuda_check.h"
+#include "fp4kv/core/error.h"
+#include "fp4kv/ops/common.h"
+#include "fp4kv/ops/embedding.h"
+#include "fp4kv/ops/qk_norm_rope.h"
+#include "fp4kv/ops/rms_norm.h"
+#include "fp4kv/ops/swiglu.h"
+
+namespace fp4kv::engine {
+
+using cache::cuda_check;
+
+namespace {
+
+// Small cuBLASLt workspace: decode GEMMs have few rows, and one plan per batch size and
+// matrix keeps its own.
+constexpr size_t kGemmWorkspaceBytes = size_t(4) << 20;
+
+template <typename T>
+T* device_array(size_t n, std::vector<void*>& owned, const char* what) {
+  void* p = nullptr;
+  cuda_check(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), std::string("GpuModel: ") + what);
+  owned.push_back(p);
+  return static_cast<T*>(p);
+}
+
+int pages_for(long long tokens) { return int((tokens + cache::kPage - 1) / cache::kPage); }
+
+}  // namespace
+
+struct GpuModel::Activations {
+  std::vector<void*> owned;
+  int32_t *tokens, *positions, *seq_lens, *block_tables, *sampled, *flags;
+  SamplingRow* params;
+  __nv_bfloat16 *x, *h, *qkv, *q, *attn, *delta, *gate_up, *act;
+  float *k, *v, *logits;
+  __nv_bfloat16* rope_cos;
+  __nv_bfloat16* rope_sin;
+  int rope_positions = 0;
+
+  Activations(const model::Qwen3Config& c, int B, int max_pages, int max_context) {
+    const size_t H = c.hidden_size, d = c.head_dim, I = c.intermediate_size;
+    const size_t qd = size_t(c.num_attention_heads) * d, kvd = size_t(c.num_key_value_heads) * d;
+    tokens = device_array<int32_t>(B, owned, "tokens");
+    positions = device_array<int32_t>(B, owned, "positions");
+    seq_lens = device_array<int32_t>(B, owned, "seq_lens");
+    block_tables = device_array<int32_t>(size_t(B) * max_pages, owned, "block tables");
+    sampled = device_array<int32_t>(B, owned, "sampled tokens");
+    flags = device_array<int32_t>(1, owned, "error flags");
+    params = device_array<SamplingRow>(B, owned, "sampling params");
+    x = device_array<__nv_bfloat16>(B * H, owned, "hidden");
+    h = device_array<__nv_bfloat16>(B * H, owned, "normed hidden");
+    qkv = device_array<__nv_bfloat16>(B * (qd + 2 * kvd), owned, "qkv");
+    q = device_array<__nv_bfloat16>(B * qd, owned, "q");
+    attn = device_array<__nv_bfloat16>(B * qd, owned, "attention output");
+    delta = device_array<__nv_bfloat16>(B * H, owned, "sublayer output");
+    gate_up = device_array<__nv_bfloat16>(B * 2 * I, owned, "gate_up");
+    act = device_array<__nv_bfloat16>(B * I, owned, "swiglu");
+    k = device_array<float>(B * kvd, owned, "k");
+    v = device_array<float>(B * kvd, owned, "v");
+    logits = device_array<float>(size_t(B) * c.vocab_size, owned, "logits");
+    const ops::RopeTable rope = ops::make_rope_table(c.head_dim, c.rope_theta, max_context);
+    rope_positions = rope.positions;
+    rope_cos = device_array<__nv_bfloat16>(rope.cos_bits.size(), owned, "rope cos");
+    rope_sin = device_array<__nv_bfloat16>(rope.sin_bits.size(), owned, "rope sin");
+    cuda_check(cudaMemcpy(rope_cos, rope.cos_bits.data(), rope.cos_bits.size() * 2, cudaMemcpyHostToDevice), "rope");
+    cuda_check(cudaMemcpy(rope_sin, rope.sin_bits.data(), rope.sin_bits.size() * 2, cudaMemcpyHostToDevice), "rope");
+    cuda_check(cudaMemset(flags, 0, sizeof(int32_t)), "GpuModel: flags");
+  }
+  ~Activations() {
+    for (void* p : owned) cudaFree(p);
+  }
+};
+
+struct GpuModel::Staging {
+  int32_t *tokens = nullptr, *positions = nullptr, *seq_lens = nullptr, *block_tables = nullptr;
+  int32_t *sampled = nullptr, *flags = nullptr;
+  SamplingRow* params = nullptr;
+  std::vector<void*> owned;
+
+  template <typename T>
+  T* pinned(size_t n) {
+    void* p = nullptr;
+    cuda_check(cudaMallocHost(&p, std::max<size_t>(n, 1) * sizeof(T)), "GpuModel: pinned staging");
+    owned.push_back(p);
+    return static_cast<T*>(p);
+  }
+  Staging(int B, int max_pages) {
+    tokens = pinned<int32_t>(B);
+    positions = pinned<int32_t>(B);
+    seq_lens = pinned<int32_t>(B);
+    block_tables = pinned<int32_t>(size_t(B) * max_pages);
+    sampled = pinned<int32_t>(B);
+    flags = pinned<int32_t>(1);
+    params = pinned<SamplingRow>(B);
+  }
+  ~Staging() {
+    for (void* p : owned) cudaFreeHost(p);
+  }
+};
+
+struct GpuModel::Gemms {
+  ops::Gemm qkv, o, gate_up, down, lm_head;
+  Gemms(const model::Qwen3Config& c, int m)
+      : qkv({m, (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim, c.hidden_size},
+            kGemmWorkspaceBytes),
+        o({m, c.hidden_size, c.num_attention_heads * c.head_dim}, kGemmWorkspaceBytes),
+        gate_up({m, 2 * c.intermediate_size, c.hidden_size}, kGemmWorkspaceBytes),
+        down({m, c.hidden_size, c.intermediate_size}, kGemmWorkspaceBytes),
+        lm_head({m, c.vocab_size, c.hidden_size, ops::GemmOutput::f32}, kGemmWorkspaceBytes) {}
+};
+
+namespace {
+
+GpuModelOptions resolve(const model::Qwen3Config& c, GpuModelOptions o) {
+  require(o.max_batch >= 1 && o.max_batch <= 2048,
+          "GpuModel: max_batch must be in [1, 2048], got " + std::to_string(o.max_batch));
+  if (o.max_context == 0) o.max_context = c.max_position_embeddings > 0 ? c.max_position_embeddings : 32768;
+  require(o.max_context >= 1, "GpuModel: max_context must be positive, got " + std::to_string(o.max_context));
+  require(c.max_position_embeddings <= 0 || o.max_context <= c.max_position_embeddings,
+          "GpuModel: max_context " + std::to_string(o.max_context) + " exceeds the model's max_position_embeddings " +
+              std::to_string(c.max_position_embeddings));
+  if (o.max_slots == 0) o.max_slots = std::min(o.max_batch, 2048);
+  if (o.num_blocks == 0) o.num_blocks = o.max_batch * pages_for(o.max_context);
+  require(o.num_blocks >= 1, "GpuModel: num_blocks must be positive, got " + std::to_string(o.num_blocks));
+  return o;
+}
+
+}  // namespace
+
+GpuModel::GpuModel(const GpuWeights& weights, const Recipe& recipe, const float* mu_k, const GpuModelOptions& options)
+    : weights_(weights), recipe_(recipe), options_(resolve(weights.config(), options)) {
+  const model::Qwen3Config& c = weights.config();
+  cache::KvCacheConfig cc;
+  cc.layers = c.num_hidden_layers;
+  cc.kv_heads = c.num_key_value_heads;
+  cc.head_dim = c.head_dim;
+  cc.num_blocks = options_.num_blocks;
+  cc.max_slots = options_.max_slots;
+  cc.max_batch = options_.max_batch;
+  cc.max_pages = pages_for(options_.max_context);
+  const attention::DecodeGeometry geometry{c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+  attention::DecodeAttention::check_supported(geometry, recipe_,
+                                              attention::DecodeCapacity{cc.max_batch, cc.max_pages, cc.max_splits});
+  cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "GpuModel: stream");
+  cuda_check(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming), "GpuModel: event");
+  cache_ = std::make_unique<cache::KvCache>(cc, recipe_, mu_k);
+  attention_ = std::make_unique<attention::DecodeAttention>(geometry, recipe_, attention::capacity_of(*cache_));
+  sampler_ = std::make_unique<ops::Sampler>(options_.max_batch, c.vocab_size);
+  act_ = std::make_unique<Activations>(c, options_.max_batch, cc.max_pages, options_.max_context);
+  staging_ = std::make_unique<Staging>(options_.max_batch, cc.max_pages);
+  cuda_check(cudaDeviceSynchronize(), "GpuModel: setup");
+}
+
+GpuModel::~GpuModel() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (auto& [batch, exec] : graphs_) cudaGraphExecDestroy(exec);
+  if (uploaded_) cudaEventDestroy(uploaded_);
+  gemms_.clear();
+  staging_.reset();
+  act_.reset();
+  sampler_.reset();
+  attention_.reset();
+  cache_.reset();
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void GpuModel::check_rows(const StepRows& rows) const {
+  const int B = rows.batch(), P = max_pages();
+  require(B >= 1 && B <= options_.max_batch, "GpuModel::step: batch " + std::to_string(B) +
+                                                 " outside [1, " + std::to_string(options_.max_batch) + "]");
+  require(int(rows.seq_lens.size()) == B && rows.block_tables.size() == size_t(B) * P,
+          "GpuModel::step: seq_lens must have batch entries and block_tables batch * " + std::to_string(P));
+  for (int r = 0; r < B; ++r) {
+    const std::string row = "GpuModel::step: row " + std::to_string(r) + ": ";
+    require(rows.tokens[r] >= 0 && rows.tokens[r] < config().vocab_size,
+            row + "token " + std::to_string(rows.tokens[r]) + " outside the vocabulary");
+    const int len = rows.seq_lens[r];
+    require(len >= 1 && len <= options_.max_context,
+            row + "sequence length " + std::to_string(len) + " outside [1, " + std::to_string(options_.max_context) +
+                "] (max_context)");
+    for (int p = 0; p < pages_for(len); ++p) {
+      const int32_t b = rows.block_tables[size_t(r) * P + p];
+      require(b >= 0 && b < num_blocks(), row + "block " + std::to_string(b) + " outside the cache's " +
+                                              std::to_string(num_blocks()) + " blocks");
+    }
+  }
+}
+
+void GpuModel::upload(const StepRows& rows) {
+  const int B = rows.batch(), P = max_pages();
+  cuda_check(cudaEventSynchronize(uploaded_), "GpuModel: previous upload");
+  Staging& s = *staging_;
+  std::memcpy(s.tokens, rows.tokens.data(), B * sizeof(int32_t));
+  std::memcpy(s.seq_lens, rows.seq_lens.data(), B * sizeof(int32_t));
+  for (int r = 0; r < B; ++r) s.positions[r] = rows.seq_lens[r] - 1;
+  std::memcpy(s.block_tables, rows.block_tables.data(), size_t(B) * P * sizeof(int32_t));
+  auto h2d = [this](void* dst, const void* src, size_t bytes) {
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "GpuModel: upload");
+  };
+  h2d(act_->tokens, s.tokens, B * sizeof(int32_t));
+  h2d(act_->seq_lens, s.seq_lens, B * sizeof(int32_t));
+  h2d(act_->positions, s.positions, B * sizeof(int32_t));
+  h2d(act_->block_tables, s.block_tables, size_t(B) * P * sizeof(int32_t));
+  cuda_check(cudaEventRecord(uploaded_, stream_), "GpuModel: upload event");
+}
+
+GpuModel::Gemms& GpuModel::gemms_for(int batch) {
+  auto it = gemms_.find(batch);
+  if (it == gemms_.end()) it = gemms_.emplace(batch, std::make_unique<Gemms>(config(), batch)).first;
+  return *it->second;
+}
+
+void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
+  const model::Qwen3Config& c = config();
+  const GpuLayerWeights& w = weights_.layer(l);
+  const float eps = float(c.rms_norm_eps);
+  Activations& a = *act_;
+  if (l == 0) {
+    ops::rms_norm({a.x, w.input_norm, a.h, B, c.hidden_size, eps}, stream_);
+  } else {  // the previous layer's MLP output joins the residual stream
+    ops::add_rms_norm({a.x, a.delta, w.input_norm, a.h, B, c.hidden_size, eps}, stream_);
+  }
+  mark(StepPart::other);
+  g.qkv.run(a.h, w.wqkv, a.qkv, stream_);
+  mark(StepPart::gemm);
+  ops::QkNormRopeArgs r;
+  r.qkv = a.qkv;
+  r.positions = a.positions;
+  r.q_norm = w.q_norm;
+  r.k_norm = w.k_norm;
+  r.rope_cos = a.rope_cos;
+  r.rope_sin = a.rope_sin;
+  r.rope_positions = a.rope_positions;
+  r.tokens = B;
+  r.q_heads = c.num_attention_heads;
+  r.kv_heads = c.num_key_value_heads;
+  r.head_dim = c.head_dim;
+  r.eps = eps;
+  r.q = a.q;
+  r.k = a.k;
+  r.v = a.v;
+  r.error_flags = a.flags;
+  ops::qk_norm_rope(r, stream_);
+  mark(StepPart::other);
+  cache_->append(l, a.k, a.v, stream_);
+  mark(StepPart::cache);
+  attention_->run(attention::step_of(*cache_, a.block_tables, a.seq_lens, B), attention::layer_view(*cache_, l), a.q,
+                  a.attn, nullptr, stream_);
+  mark(StepPart::attention);
+  g.o.run(a.attn, w.wo, a.delta, stream_);
+  mark(StepPart::gemm);
+  ops::add_rms_norm({a.x, a.delta, w.post_norm, a.h, B, c.hidden_size, eps}, stream_);
+  mark(StepPart::other);
+  g.gate_up.run(a.h, w.w_gate_up, a.gate_up, stream_);
+  mark(StepPart::gemm);
+  ops::swiglu({a.gate_up, a.act, B, c.intermediate_size}, stream_);
+  mark(StepPart::other);
+  g.down.run(a.act, w.w_down, a.delta, stream_);
+  mark(StepPart::gemm);
+}
+
+void GpuModel::enqueue_step(int B) {
+  const model::Qwen3Config& c = config();
+  Activations& a = *act_;
+  const Gemms& g = gemms_for(B);
+  mark(StepPart::other);  // the start
+  cache_->begin_step(a.block_tables, a.seq_lens, B, max_pages(), stream_);
+  mark(StepPart::cache);
+  ops::embedding_gather({a.tokens, B, weights_.embed(), c.vocab_size, c.hidden_size, a.x, a.flags}, stream_);
+  mark(StepPart::other);
+  for (int l = 0; l < c.num_hidden_layers; ++l) enqueue_layer(l, B, g);
+  cache_->end_step(stream_);
+  mark(StepPart::cache);
+  ops::add_rms_norm({a.x, a.delta, weights_.final_norm(), a.h, B, c.hidden_size, float(c.rms_norm_eps)}, stream_);
+  mark(StepPart::other);
+  g.lm_head.run(a.h, weights_.lm_head(), a.logits, stream_);
+  mark(StepPart::gemm);
+}
+
+void GpuModel::mark(StepPart part) {
+  if (!marks_) return;
+  cudaEvent_t e = nullptr;
+  cuda_check(cudaEventCreate(&e), "GpuModel: profiling event");
+  cuda_check(cudaEventRecord(e, stream_), "GpuModel: profiling event");
+  marks_->emplace_back(e, part);
+}
+
+StepProfile GpuModel::profile_step(const StepRows& rows) {
+  check_rows(rows);
+  upload(rows);
+  gemms_for(rows.batch());
+  last_batch_ = rows.batch();
+  last_replayed_ = false;
+  std::vector<std::pair<cudaEvent_t, StepPart>> marks;
+  marks_ = &marks;
+  try {
+    enqueue_step(rows.batch());
+  } catch (...) {
+    marks_ = nullptr;
+    for (auto& m : marks) cudaEventDestroy(m.first);
+    throw;
+  }
+  marks_ = nullptr;
+  StepProfile p;
+  const cudaError_t e = cudaStreamSynchronize(stream_);
+  for (size_t i = 1; i < marks.size() && e == cudaSuccess; ++i) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, marks[i - 1].first, marks[i].first);
+    p.us[int(marks[i].second)] += 1e3 * ms;
+    p.total_us += 1e3 * ms;
+  }
+  for (auto& m : marks) cudaEventDestroy(m.first);
+  cuda_check(e, "GpuModel: profiled step");
+  return p;
+}
+
+void GpuModel::fill_random_context(const StepRows& rows, int context, uint64_t seed) {
+  require(context >= 1 && context < options_.max_context,
+          "GpuModel::fill_random_context: context " + std::to_string(context) + " outside [1, max_context = " +
+              std::to_string(options_.max_context) + ")");
+  StepRows probe = rows;
+  probe.seq_lens.assign(rows.batch(), context);
+  probe.tokens.assign(rows.batch(), 0);
+  check_rows(probe);
+  upload(probe);
+  const model::Qwen3Config& c = config();
+  constexpr int kChunk = 4096;
+  const int chunk = std::min(context, kChunk);
+  const size_t elems = size_t(chunk) * c.num_key_value_heads * c.head_dim;
+  std::vector<void*> owned;
+  float* k = device_array<float>(elems, owned, "fill k");
+  float* v = device_array<float>(elems, owned, "fill v");
+  try {
+    // Keys and values of unit scale: what QK-norm'd keys and BF16 values look like to the
+    // quantizer (the speed of the path does not depend on the values).
+    fill_random_floats(k, elems, seed, 1.7320508f, stream_);
+    fill_random_floats(v, elems, seed + 1, 1.7320508f, stream_);
+    for (int r = 0; r < rows.batch(); ++r) {
+      const int32_t* block_row = act_->block_tables + size_t(r) * max_pages();
+      for (int t0 = 0; t0 < context; t0 += chunk) {
+        const int n = std::min(chunk, context - t0);
+        for (int l = 0; l < c.num_hidden_layers; ++l) cache_->prefill(l, block_row, t0, n, k, v, stream_);
+      }
+    }
+    synchronize();
+  } catch (...) {
+    for (void* p : owned) cudaFree(p);
+    throw;
+  }
+  for (void* p : owned) cudaFree(p);
+  check_errors();
+}
+
+void GpuModel::step(const StepRows& rows) {
+  check_rows(rows);
+  const int B = rows.batch();
+  upload(rows);
+  gemms_for(B);  // plans are made outside any capture
+  last_batch_ = B;
+  last_replayed_ = false;
+  if (!options_.cuda_graphs) {
+    enqueue_step(B);
+    return;
+  }
+  auto it = graphs_.find(B);
+  if (it == graphs_.end()) {
+    cudaGraph_t graph = nullptr;
+    cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "GpuModel: begin capture");
+    try {
+      enqueue_step(B);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    cuda_check(cudaStreamEndCapture(stream_, &graph), "GpuModel: end capture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    cuda_check(e, "GpuModel: instantiate the step graph");
+    it = graphs_.emplace(B, exec).first;
+  }
+  cuda_check(cudaGraphLaunch(it->second, stream_), "GpuModel: graph launch");
+  last_replayed_ = true;
+}
+
+void GpuModel::check_errors() const {
+  cuda_check(cudaMemcpyAsync(staging_->flags, act_->flags, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+             "GpuModel: error flags");
+  synchronize();
+  const int32_t op_flags = *staging_->flags;
+  require(!(op_flags & ops::kErrorTokenOutOfRange), "GpuModel: a token id outside the vocabulary reached the GPU");
+  require(!(op_flags & ops::kErrorPositionOutOfRange), "GpuModel: a position outside the RoPE table reached the GPU");
+  const int32_t cache_flags = cache_->error_flags();
+  require(!(cache_flags & cache::kErrorSlotsExhausted),
+          "GpuModel: more requests in a step than BF16 slots (max_slots " + std::to_string(options_.max_slots) + ")");
+  require(!(cache_flags & cache::kErrorBadSequence), "GpuModel: a step had a bad sequence length or block id");
+  require(!(cache_flags & cache::kErrorDuplicateRequest), "GpuModel: a request appeared twice in one step");
+  require(cache_flags == 0, "GpuModel: cache error flags " + std::to_string(cache_flags));
+}
+
+std::vector<float> GpuModel::read_logits() const {
+  require(last_batch_ > 0, "GpuModel::read_logits: no step has run");
+  std::vector<float> out(size_t(last_batch_) * config().vocab_size);
+  cuda_check(cudaMemcpyAsync(out.data(), act_->logits, out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+             "GpuModel: read logits");
+  check_errors();
+  return out;
+}
+
+std::vector<int32_t> GpuModel::sample(const std::vector<SamplingRow>& params) {
+  require(last_batch_ > 0, "GpuModel::sample: no step has run");
+  require(int(params.size()) == last_batch_, "GpuModel::sample: " + std::to_string(params.size()) +
+                                                 " sampling rows for a step of " + std::to_string(last_batch_));
+  std::copy(params.begin(), params.end(), staging_->params);
+  const size_t B = size_t(last_batch_);
+  cuda_check(cudaMemcpyAsync(act_->params, staging_->params, B * sizeof(SamplingRow), cudaMemcpyHostToDevice, stream_),
+             "GpuModel: sampling params");
+  sampler_->run(act_->logits, last_batch_, act_->params, act_->sampled, stream_);
+  cuda_check(cudaMemcpyAsync(staging_->sampled, act_->sampled, B * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+             "GpuModel: sampled tokens");
+  check_errors();
+  return std::vector<int32_t>(staging_->sampled, staging_->sampled + B);
+}
+
+void GpuModel::release(int32_t first_block) { cache_->release(first_block, stream_); }
+
+void GpuModel::synchronize() const { cuda_check(cudaStreamSynchronize(stream_), "GpuModel: step"); }
+
+}  // namespace fp4kv::engine

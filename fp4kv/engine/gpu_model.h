@@ -1,0 +1,142 @@
+// The Qwen3 decode step on the GPU over the fp4kv paged cache: for a batch of rows (one
+// request each), embedding -> per layer (RMSNorm, fused QKV GEMM, QK-norm + RoPE,
+// KvCache::append, DecodeAttention::run, O GEMM, residual + RMSNorm, gate/up GEMM, SwiGLU,
+// down GEMM) -> final norm -> LM head (FP32 logits) -> the GPU sampler.
+//
+// Step shape: a step is enqueued on the model's own stream with no host synchronization; with
+// `cuda_graphs` it is captured once per batch size (the cache's control kernel treats every
+// row as a live request, so a graph is exact for one batch size: no padding rows) and
+// replayed. Host inputs go through pinned staging buffers; a step waits only for the
+// previous step's uploads before overwriting them. Reading logits or sampled tokens
+// synchronizes and checks the step's device error flags (ops and cache), throwing
+// fp4kv::Error naming what went wrong.
+//
+// Prefill: a prompt is fed as decode steps, one token per step per request (the semantics
+// of the CPU eval and generator: every query position attends as a decode step over the
+// quantized pages and BF16 sink/recent rows its cache holds at that moment).
+//
+// Invariants: one GpuModel per device and recipe; the weights outlive it; a request is its
+// block-table row (block_tables[r][0] names it in the cache, kv_cache.h).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "fp4kv/attention/decode.h"
+#include "fp4kv/cache/kv_cache.h"
+#include "fp4kv/core/recipe.h"
+#include "fp4kv/core/sampling_rule.h"
+#include "fp4kv/engine/gpu_weights.h"
+#include "fp4kv/ops/gemm.h"
+#include "fp4kv/ops/sampling.h"
+
+namespace fp4kv::engine {
+
+// Where a step's time goes (GpuModel::profile_step): the cuBLASLt GEMMs (QKV, O, gate/up,
+// down, LM head), decode attention (decode + combine kernels), the cache's own work (control
+// kernel, append, promotion) and everything else (embedding, norms, QK-norm + RoPE, SwiGLU).
+enum class StepPart { gemm, attention, cache, other };
+inline constexpr int kStepParts = 4;
+inline const char* step_part_name(StepPart p) {
+  constexpr const char* kNames[kStepParts] = {"gemm", "attention", "cache", "other"};
+  return kNames[int(p)];
+}
+struct StepProfile {
+  double us[kStepParts] = {};  // eager step, CUDA events between consecutive ops, summed per part
+  double total_us = 0;
+};
+
+struct GpuModelOptions {
+  int max_batch = 1;         // rows of a step
+  int max_context = 0;       // tokens of one request (0: the model's max_position_embeddings)
+  int num_blocks = 0;        // cache blocks per layer (0: max_batch requests of max_context)
+  int max_slots = 0;         // requests holding BF16 slots (0: max_batch)
+  bool cuda_graphs = true;   // capture each batch size's step once and replay it
+};
+
+// One step's rows, host side. Row r feeds tokens[r] at position seq_lens[r] - 1 of the
+// request whose block table is block_tables[r * max_pages() ...] (seq_lens include it).
+struct StepRows {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> seq_lens;
+  std::vector<int32_t> block_tables;
+  int batch() const { return int(tokens.size()); }
+};
+
+class GpuModel {
+ public:
+  // mu_k: host [layers][kv_heads][head_dim] (the recipe's key smoothing) or null. Throws
+  // fp4kv::Error for an unsupported recipe/shape (DecodeAttention::check_supported) or bad
+  // options, before allocating.
+  GpuModel(const GpuWeights& weights, const Recipe& recipe, const float* mu_k, const GpuModelOptions& options);
+  ~GpuModel();
+  GpuModel(const GpuModel&) = delete;
+  GpuModel& operator=(const GpuModel&) = delete;
+
+  // Enqueues one step (asynchronous). Throws fp4kv::Error for a bad row (token, length,
+  // block id) the host can see.
+  void step(const StepRows& rows);
+  // The last step's logits [batch][vocab] (synchronizes, checks the error flags).
+  std::vector<float> read_logits() const;
+  // Draws one token per row of the last step with params[r] (synchronizes, checks flags).
+  std::vector<int32_t> sample(const std::vector<SamplingRow>& params);
+  // Runs the step of `rows` eagerly with a CUDA event after every op and returns the time of
+  // each part (synchronizes). For benchmarks: the events add a little time of their own.
+  StepProfile profile_step(const StepRows& rows);
+  // Speed work without a real prompt: writes `context` tokens of random K and V (uniform,
+  // through the cache's real prefill and quantization path) into every layer for each row of
+  // `rows` (its block table; tokens and seq_lens are ignored). Synchronizes.
+  void fill_random_context(const StepRows& rows, int context, uint64_t seed);
+  // Frees the BF16 slot of the request whose first block is `first_block` (asynchronous).
+  void release(int32_t first_block);
+  // Turns graph capture/replay on or off for later steps (eager steps for comparison).
+  void set_cuda_graphs(bool on) { options_.cuda_graphs = on; }
+  // Waits for the stream.
+  void synchronize() const;
+
+  const model::Qwen3Config& config() const { return weights_.config(); }
+  const GpuModelOptions& options() const { return options_; }
+  int max_pages() const { return cache_->config().max_pages; }
+  int num_blocks() const { return cache_->config().num_blocks; }
+  const cache::KvCache& cache() const { return *cache_; }
+  cudaStream_t stream() const { return stream_; }
+  // Whether the last step ran as a replayed graph.
+  bool last_step_replayed() const { return last_replayed_; }
+
+ private:
+  struct Activations;  // device buffers of one step, sized for max_batch
+  struct Gemms;        // the cuBLASLt plans of one batch size
+  struct Staging;      // pinned host buffers of the step inputs
+
+  void check_rows(const StepRows& rows) const;
+  void upload(const StepRows& rows);
+  void enqueue_step(int batch);
+  void enqueue_layer(int layer, int batch, const Gemms& g);
+  Gemms& gemms_for(int batch);
+  void check_errors() const;
+  void mark(StepPart part);  // records a profiling event when profile_step is running
+
+  // profile_step's events, in order, each with the part of the op it ends.
+  std::vector<std::pair<cudaEvent_t, StepPart>>* marks_ = nullptr;
+
+  const GpuWeights& weights_;
+  Recipe recipe_;
+  GpuModelOptions options_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cache::KvCache> cache_;
+  std::unique_ptr<attention::DecodeAttention> attention_;
+  std::unique_ptr<ops::Sampler> sampler_;
+  std::unique_ptr<Activations> act_;
+  std::unique_ptr<Staging> staging_;
+  std::map<int, std::unique_ptr<Gemms>> gemms_;
+  std::map<int, cudaGraphExec_t> graphs_;
+  cudaEvent_t uploaded_ = nullptr;  // the last step's host-to-device copies are done
+  int last_batch_ = 0;
+  bool last_replayed_ = false;
+};
+
+}  // namespace fp4kv::engine

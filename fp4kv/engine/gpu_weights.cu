@@ -1,0 +1,261 @@
+// GPU weights of a Qwen3 dense model (gpu_weights.h): the checkpoint loader, the random
+// shapes, and the single allocation every tensor lives in.
+#include "fp4kv/engine/gpu_weights.h"
+
+#include <cuda_runtime_api.h>
+
+#include <utility>
+
+#include "fp4kv/cache/cuda_check.h"
+#include "fp4kv/core/error.h"
+#include "fp4kv/core/half.h"
+#include "fp4kv/model/safetensors.h"
+
+namespace fp4kv::engine {
+
+namespace {
+
+constexpr size_t kTensorAlign = 256;
+constexpr float kRandomStd = 0.02f;  // weights' standard deviation (Qwen3's initializer_range)
+
+struct NamedShape {
+  const char* name;
+  int vocab, hidden, intermediate, layers, heads, kv_heads, head_dim;
+  bool tied;
+  int max_positions, eos;
+};
+
+// Hugging Face Qwen3 configs (head_dim 128, RoPE theta 1e6, RMSNorm eps 1e-6).
+constexpr NamedShape kShapes[] = {
+    {"qwen3-0.6b", 151936, 1024, 3072, 28, 16, 8, 128, true, 40960, 151645},
+    {"qwen3-1.7b", 151936, 2048, 6144, 28, 16, 8, 128, true, 40960, 151645},
+    {"qwen3-4b", 151936, 2560, 9728, 36, 32, 8, 128, true, 40960, 151645},
+    {"qwen3-8b", 151936, 4096, 12288, 36, 32, 8, 128, false, 40960, 151645},
+    {"qwen3-14b", 151936, 5120, 17408, 40, 40, 8, 128, false, 40960, 151645},
+    {"qwen3-32b", 151936, 5120, 25600, 64, 64, 8, 128, false, 40960, 151645},
+    {"pk8l", 264, 512, 1024, 8, 8, 2, 128, true, 32768, 257},
+};
+
+size_t aligned(size_t bytes) { return (bytes + kTensorAlign - 1) / kTensorAlign * kTensorAlign; }
+
+// Uniform in [-a, a) from a counter hash (splitmix64): the same tensor for the same seed on
+// every run.
+__device__ __forceinline__ float uniform_symmetric(uint64_t seed, size_t i, float amplitude) {
+  uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  const float u = float(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+  return (2.0f * u - 1.0f) * amplitude;
+}
+
+__global__ void fill_random_kernel(__nv_bfloat16* out, size_t n, uint64_t seed, float amplitude) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16(uniform_symmetric(seed, i, amplitude));
+}
+
+__global__ void fill_random_float_kernel(float* out, size_t n, uint64_t seed, float amplitude) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = uniform_symmetric(seed, i, amplitude);
+}
+
+__global__ void fill_value_kernel(__nv_bfloat16* out, size_t n, float value) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16(value);
+}
+
+// The tensors of one layer in allocation order, with their element counts.
+struct LayerSizes {
+  size_t input_norm, post_norm, q_norm, k_norm, wqkv, wo, w_gate_up, w_down;
+};
+LayerSizes layer_sizes(const model::Qwen3Config& c) {
+  const size_t H = c.hidden_size, d = c.head_dim, I = c.intermediate_size;
+  const size_t qkv_rows = size_t(c.num_attention_heads + 2 * c.num_key_value_heads) * d;
+  return {H, H, d, d, qkv_rows * H, H * c.num_attention_heads * d, 2 * I * H, H * I};
+}
+
+// Copies a checkpoint tensor (any float dtype, converted to BF16 exactly for a BF16
+// source) to `dst` after checking its shape.
+void upload(const model::SafetensorsArchive& archive, const std::string& name, const std::vector<int64_t>& shape,
+            __nv_bfloat16* dst) {
+  require(archive.contains(name), "checkpoint: missing tensor '" + name + "'");
+  const model::TensorInfo& info = archive.info(name);
+  require(info.shape == shape, "checkpoint: tensor '" + name + "' has shape " + model::shape_string(info.shape) +
+                                   ", the config needs " + model::shape_string(shape));
+  const std::vector<float> values = archive.read_f32(name);
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i) bits[i] = float_to_bf16_bits(values[i]);
+  cache::cuda_check(cudaMemcpy(dst, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice), "load weight " + name);
+}
+
+}  // namespace
+
+void fill_random_floats(float* out, size_t n, uint64_t seed, float amplitude, cudaStream_t stream) {
+  fill_random_float_kernel<<<1024, 256, 0, stream>>>(out, n, seed, amplitude);
+  cache::cuda_check_launch("fill_random_floats");
+}
+
+std::vector<std::string> known_shape_names() {
+  std::vector<std::string> names;
+  for (const NamedShape& s : kShapes) names.push_back(s.name);
+  return names;
+}
+
+model::Qwen3Config known_shape(const std::string& name) {
+  for (const NamedShape& s : kShapes) {
+    if (name != s.name) continue;
+    model::Qwen3Config c;
+    c.vocab_size = s.vocab;
+    c.hidden_size = s.hidden;
+    c.intermediate_size = s.intermediate;
+    c.num_hidden_layers = s.layers;
+    c.num_attention_heads = s.heads;
+    c.num_key_value_heads = s.kv_heads;
+    c.head_dim = s.head_dim;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1e6;
+    c.tie_word_embeddings = s.tied;
+    c.max_position_embeddings = s.max_positions;
+    c.eos_token_ids = {s.eos};
+    return c;
+  }
+  std::string list;
+  for (const NamedShape& s : kShapes) list += std::string(list.empty() ? "" : ", ") + s.name;
+  throw Error("unknown model shape '" + name + "' (known: " + list + ")");
+}
+
+bool is_random_model_spec(const std::string& spec, std::string* shape) {
+  const std::string suffix = ":random";
+  if (spec.size() <= suffix.size() || spec.compare(spec.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return false;
+  *shape = spec.substr(0, spec.size() - suffix.size());
+  return true;
+}
+
+GpuWeights::GpuWeights(const model::Qwen3Config& config) : config_(config) {
+  const size_t V = config.vocab_size, H = config.hidden_size;
+  const LayerSizes ls = layer_sizes(config);
+  const size_t per_layer = aligned(2 * ls.input_norm) + aligned(2 * ls.post_norm) + aligned(2 * ls.q_norm) +
+                           aligned(2 * ls.k_norm) + aligned(2 * ls.wqkv) + aligned(2 * ls.wo) +
+                           aligned(2 * ls.w_gate_up) + aligned(2 * ls.w_down);
+  const size_t tables = config.tie_word_embeddings ? 1 : 2;
+  bytes_ = tables * aligned(2 * V * H) + aligned(2 * H) + per_layer * config.num_hidden_layers;
+  cache::cuda_check(cudaMalloc(&memory_, bytes_), "GpuWeights: " + std::to_string(bytes_) + " bytes");
+  uint8_t* p = static_cast<uint8_t*>(memory_);
+  auto take = [&p](size_t elements) {
+    auto* t = reinterpret_cast<__nv_bfloat16*>(p);
+    p += aligned(2 * elements);
+    return t;
+  };
+  embed_ = take(V * H);
+  lm_head_ = config.tie_word_embeddings ? embed_ : take(V * H);
+  final_norm_ = take(H);
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    GpuLayerWeights w;
+    w.input_norm = take(ls.input_norm);
+    w.post_norm = take(ls.post_norm);
+    w.q_norm = take(ls.q_norm);
+    w.k_norm = take(ls.k_norm);
+    w.wqkv = take(ls.wqkv);
+    w.wo = take(ls.wo);
+    w.w_gate_up = take(ls.w_gate_up);
+    w.w_down = take(ls.w_down);
+    layers_.push_back(w);
+  }
+}
+
+GpuWeights GpuWeights::load(const std::string& dir) {
+  const model::Qwen3Config c = model::Qwen3Config::load_dir(dir);
+  const model::SafetensorsArchive archive = model::SafetensorsArchive::open_dir(dir);
+  GpuWeights w(c);
+  const int64_t V = c.vocab_size, H = c.hidden_size, d = c.head_dim, I = c.intermediate_size;
+  const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads;
+  auto dst = [](const __nv_bfloat16* p) { return const_cast<__nv_bfloat16*>(p); };
+  upload(archive, "model.embed_tokens.weight", {V, H}, dst(w.embed_));
+  if (!c.tie_word_embeddings) upload(archive, "lm_head.weight", {V, H}, dst(w.lm_head_));
+  upload(archive, "model.norm.weight", {H}, dst(w.final_norm_));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const GpuLayerWeights& L = w.layers_[size_t(l)];
+    upload(archive, p + "input_layernorm.weight", {H}, dst(L.input_norm));
+    upload(archive, p + "post_attention_layernorm.weight", {H}, dst(L.post_norm));
+    upload(archive, p + "self_attn.q_norm.weight", {d}, dst(L.q_norm));
+    upload(archive, p + "self_attn.k_norm.weight", {d}, dst(L.k_norm));
+    upload(archive, p + "self_attn.q_proj.weight", {hq * d, H}, dst(L.wqkv));
+    upload(archive, p + "self_attn.k_proj.weight", {hkv * d, H}, dst(L.wqkv) + hq * d * H);
+    upload(archive, p + "self_attn.v_proj.weight", {hkv * d, H}, dst(L.wqkv) + (hq + hkv) * d * H);
+    upload(archive, p + "self_attn.o_proj.weight", {H, hq * d}, dst(L.wo));
+    upload(archive, p + "mlp.gate_proj.weight", {I, H}, dst(L.w_gate_up));
+    upload(archive, p + "mlp.up_proj.weight", {I, H}, dst(L.w_gate_up) + I * H);
+    upload(archive, p + "mlp.down_proj.weight", {H, I}, dst(L.w_down));
+  }
+  return w;
+}
+
+GpuWeights GpuWeights::random(const model::Qwen3Config& config, uint64_t seed) {
+  GpuWeights w(config);
+  w.random_ = true;
+  const LayerSizes ls = layer_sizes(config);
+  const float amplitude = kRandomStd * 1.7320508f;
+  uint64_t stream_id = 0;
+  auto fill = [&](const __nv_bfloat16* t, size_t n) {
+    fill_random_kernel<<<1024, 256>>>(const_cast<__nv_bfloat16*>(t), n, seed * 0x100000001B3ull + (++stream_id << 40),
+                                      amplitude);
+    cache::cuda_check_launch("GpuWeights::random");
+  };
+  auto ones = [&](const __nv_bfloat16* t, size_t n) {
+    fill_value_kernel<<<64, 256>>>(const_cast<__nv_bfloat16*>(t), n, 1.0f);
+    cache::cuda_check_launch("GpuWeights::random");
+  };
+  const size_t VH = size_t(config.vocab_size) * config.hidden_size;
+  fill(w.embed_, VH);
+  if (!config.tie_word_embeddings) fill(w.lm_head_, VH);
+  ones(w.final_norm_, config.hidden_size);
+  for (const GpuLayerWeights& L : w.layers_) {
+    ones(L.input_norm, ls.input_norm);
+    ones(L.post_norm, ls.post_norm);
+    ones(L.q_norm, ls.q_norm);
+    ones(L.k_norm, ls.k_norm);
+    fill(L.wqkv, ls.wqkv);
+    fill(L.wo, ls.wo);
+    fill(L.w_gate_up, ls.w_gate_up);
+    fill(L.w_down, ls.w_down);
+  }
+  cache::cuda_check(cudaDeviceSynchronize(), "GpuWeights::random");
+  return w;
+}
+
+GpuWeights GpuWeights::from_spec(const std::string& spec, uint64_t seed) {
+  std::string shape;
+  if (is_random_model_spec(spec, &shape)) return random(known_shape(shape), seed);
+  return load(spec);
+}
+
+void GpuWeights::release() noexcept {
+  if (memory_) cudaFree(memory_);
+  memory_ = nullptr;
+}
+
+GpuWeights::~GpuWeights() { release(); }
+
+GpuWeights::GpuWeights(GpuWeights&& o) noexcept
+    : config_(std::move(o.config_)), memory_(std::exchange(o.memory_, nullptr)), bytes_(o.bytes_),
+      random_(o.random_), embed_(o.embed_), final_norm_(o.final_norm_), lm_head_(o.lm_head_),
+      layers_(std::move(o.layers_)) {}
+
+GpuWeights& GpuWeights::operator=(GpuWeights&& o) noexcept {
+  if (this != &o) {
+    release();
+    config_ = std::move(o.config_);
+    memory_ = std::exchange(o.memory_, nullptr);
+    bytes_ = o.bytes_;
+    random_ = o.random_;
+    embed_ = o.embed_;
+    final_norm_ = o.final_norm_;
+    lm_head_ = o.lm_head_;
+    layers_ = std::move(o.layers_);
+  }
+  return *this;
+}
+
+}  // namespace fp4kv::engine

@@ -1,0 +1,89 @@
+// A Qwen3 dense model's weights on the GPU, in the checkpoint's BF16, laid out for the
+// engine's fused GEMMs: per layer the q, k and v projections stacked into one [(q_heads +
+// 2 kv_heads) head_dim][hidden] matrix and gate/up into one [2 intermediate][hidden] matrix
+// (the row orders ops/qk_norm_rope.h and ops/swiglu.h read). Tied embeddings share one
+// table for the embedding gather and the LM head.
+//
+// Two sources: a Hugging Face checkpoint directory (config.json + safetensors, every tensor
+// name and shape checked), or random weights of a named shape built on the GPU
+// (`qwen3-4b:random`): speed work only, their text is noise.
+//
+// Invariants: one device allocation owns every tensor (each 256-byte aligned); the object is
+// move-only and frees it on destruction.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fp4kv/model/qwen3_config.h"
+
+namespace fp4kv::engine {
+
+// The Qwen3 dense shapes `NAME:random` accepts: qwen3-0.6b, -1.7b, -4b, -8b, -14b, -32b, and
+// pk8l (the embedded model's shape).
+std::vector<std::string> known_shape_names();
+// Throws fp4kv::Error listing the known names for an unknown one.
+model::Qwen3Config known_shape(const std::string& name);
+// "NAME:random" -> true and *shape = NAME; anything else -> false.
+bool is_random_model_spec(const std::string& spec, std::string* shape);
+
+// n uniform floats in [-amplitude, amplitude) from `seed` on the device (random weights,
+// random cache contents for speed work).
+void fill_random_floats(float* out, size_t n, uint64_t seed, float amplitude, cudaStream_t stream);
+
+struct GpuLayerWeights {
+  const __nv_bfloat16* input_norm = nullptr;  // [hidden]
+  const __nv_bfloat16* post_norm = nullptr;   // [hidden]
+  const __nv_bfloat16* q_norm = nullptr;      // [head_dim]
+  const __nv_bfloat16* k_norm = nullptr;      // [head_dim]
+  const __nv_bfloat16* wqkv = nullptr;        // [(q_heads + 2 kv_heads) head_dim][hidden]
+  const __nv_bfloat16* wo = nullptr;          // [hidden][q_heads head_dim]
+  const __nv_bfloat16* w_gate_up = nullptr;   // [2 intermediate][hidden]
+  const __nv_bfloat16* w_down = nullptr;      // [hidden][intermediate]
+};
+
+class GpuWeights {
+ public:
+  // Loads <dir>/config.json and its safetensors onto the current device. Throws
+  // fp4kv::Error naming a missing tensor or a wrong shape, or the failed CUDA call.
+  static GpuWeights load(const std::string& dir);
+  // Random weights of `config`'s shape (uniform, std 0.02; norms 1), drawn on the device
+  // from `seed`.
+  static GpuWeights random(const model::Qwen3Config& config, uint64_t seed);
+  // `spec` is a checkpoint directory or NAME:random.
+  static GpuWeights from_spec(const std::string& spec, uint64_t seed = 1);
+
+  ~GpuWeights();
+  GpuWeights(GpuWeights&& other) noexcept;
+  GpuWeights& operator=(GpuWeights&& other) noexcept;
+  GpuWeights(const GpuWeights&) = delete;
+  GpuWeights& operator=(const GpuWeights&) = delete;
+
+  const model::Qwen3Config& config() const { return config_; }
+  const GpuLayerWeights& layer(int l) const { return layers_[size_t(l)]; }
+  const __nv_bfloat16* embed() const { return embed_; }        // [vocab][hidden]
+  const __nv_bfloat16* final_norm() const { return final_norm_; }  // [hidden]
+  const __nv_bfloat16* lm_head() const { return lm_head_; }    // [vocab][hidden] (embed() when tied)
+  size_t bytes() const { return bytes_; }
+  bool is_random() const { return random_; }
+
+ private:
+  explicit GpuWeights(const model::Qwen3Config& config);  // allocates and assigns every tensor
+  void release() noexcept;
+
+  model::Qwen3Config config_;
+  void* memory_ = nullptr;
+  size_t bytes_ = 0;
+  bool random_ = false;
+  const __nv_bfloat16* embed_ = nullptr;
+  const __nv_bfloat16* final_norm_ = nullptr;
+  const __nv_bfloat16* lm_head_ = nullptr;
+  std::vector<GpuLayerWeights> layers_;
+};
+
+}  // namespace fp4kv::engine

@@ -1,0 +1,265 @@
+// The GPU engine against its references: pk8l's logits on the GPU against transformers'
+// float32 logits (reference_activations.safetensors) and against the CPU runner over the same
+// recipe's cache; graph replay against eager steps (bit-identical); a batch against its rows
+// run alone; sampling determinism; the errors of bad steps. Every test skips without a GPU.
+//
+// Tolerances. The GPU engine runs transformers' BF16 arithmetic (BF16 activations rounded at
+// the points ops/*.h list), the references run in float32; a BF16 rounding is a relative
+// error of at most 2^-9 per element, and pk8l's 8 layers compound them into logit errors of a
+// few hundredths on logits of magnitude ~10. The KL of two softmaxes whose logits differ by
+// e is ~var(e)/2, so a logit noise of 0.05 gives a KL of ~1e-3. The bounds below (mean KL
+// 5e-3, top-1 agreement on 95 % of positions) leave ~5x margin over that and still fail for
+// any real defect (a wrong layer, a transposed weight, a RoPE offset: KL > 0.1).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "fp4kv/core/error.h"
+#include "fp4kv/core/recipe.h"
+#include "fp4kv/engine/gpu_generator.h"
+#include "fp4kv/engine/gpu_model.h"
+#include "fp4kv/engine/gpu_weights.h"
+#include "fp4kv/eval/calibration.h"
+#include "fp4kv/eval/model_attention.h"
+#include "fp4kv/model/qwen3.h"
+#include "fp4kv/model/safetensors.h"
+#include "fp4kv/testing/cuda_testing.h"
+
+namespace fp4kv::engine {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (!::fp4kv::testing::have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+std::string pk8l_dir() { return std::string(FP4KV_SOURCE_DIR) + "/models/pk8l"; }
+
+// KL(p || q) of the softmaxes of two logit rows.
+double kl_of_logits(const float* p_logits, const float* q_logits, int n) {
+  auto log_softmax = [n](const float* x) {
+    double m = x[0];
+    for (int i = 1; i < n; ++i) m = std::max(m, double(x[i]));
+    double s = 0;
+    for (int i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
+    std::vector<double> out(n);
+    for (int i = 0; i < n; ++i) out[i] = double(x[i]) - m - std::log(s);
+    return out;
+  };
+  const std::vector<double> lp = log_softmax(p_logits), lq = log_softmax(q_logits);
+  double kl = 0;
+  for (int i = 0; i < n; ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
+  return kl;
+}
+
+int argmax(const float* x, int n) { return int(std::max_element(x, x + n) - x); }
+
+struct Agreement {
+  double mean_kl = 0, max_kl = 0, top1 = 0;
+};
+Agreement compare(const std::vector<float>& want, const std::vector<float>& got, int rows, int vocab) {
+  Agreement a;
+  int same = 0;
+  for (int r = 0; r < rows; ++r) {
+    const double kl = kl_of_logits(&want[size_t(r) * vocab], &got[size_t(r) * vocab], vocab);
+    a.mean_kl += kl / rows;
+    a.max_kl = std::max(a.max_kl, kl);
+    same += argmax(&want[size_t(r) * vocab], vocab) == argmax(&got[size_t(r) * vocab], vocab);
+  }
+  a.top1 = double(same) / rows;
+  return a;
+}
+
+// Logits [n][vocab] of one sequence, teacher-forced through the engine.
+std::vector<float> engine_logits(GpuModel& model, const std::vector<int>& tokens) {
+  std::vector<float> all;
+  forced_logits_on_gpu(model, {tokens}, [&](int, const std::vector<float>& l) { all.insert(all.end(), l.begin(), l.end()); });
+  return all;
+}
+
+GpuModelOptions small_options(int max_batch, int max_context) {
+  GpuModelOptions o;
+  o.max_batch = max_batch;
+  o.max_context = max_context;
+  return o;
+}
+
+struct Reference {
+  std::vector<int> tokens;
+  std::vector<float> logits;  // transformers float32, [256][264]
+};
+Reference reference() {
+  const auto f = model::SafetensorsFile::open(pk8l_dir() + "/reference_activations.safetensors");
+  Reference r;
+  for (int32_t t : f.read_i32("input_ids")) r.tokens.push_back(t);
+  r.logits = f.read_f32("logits");
+  return r;
+}
+
+TEST(GpuModel, Pk8lBf16CacheMatchesTransformersFloat32) {
+  SKIP_WITHOUT_GPU();
+  const GpuWeights w = GpuWeights::load(pk8l_dir());
+  GpuModel model(w, parse_recipe("bf16"), nullptr, small_options(1, 512));
+  const Reference ref = reference();
+  const std::vector<float> got = engine_logits(model, ref.tokens);
+  const Agreement a = compare(ref.logits, got, int(ref.tokens.size()), w.config().vocab_size);
+  std::printf("pk8l bf16 engine vs transformers fp32: mean KL %.3g, max KL %.3g, top-1 %.3f\n", a.mean_kl, a.max_kl,
+              a.top1);
+  EXPECT_LT(a.mean_kl, 5e-3);
+  EXPECT_GE(a.top1, 0.95);
+}
+
+TEST(GpuModel, Pk8lNvfp4MatchesCpuRunnerOverTheSameRecipe) {
+  SKIP_WITHOUT_GPU();
+  const model::Qwen3Model cpu = model::Qwen3Model::load(pk8l_dir());
+  const eval::Calibration cal = eval::Calibration::load(pk8l_dir() + "/" + eval::kCalibrationFile, cpu.config());
+  const GpuWeights w = GpuWeights::load(pk8l_dir());
+  const Reference ref = reference();
+  // 256 tokens: two full pages, so the second page is read quantized by later positions.
+  for (const char* preset : {"nvfp4", "mxfp4", "fp8", "nvfp4-native"}) {
+    Recipe recipe = parse_recipe(preset);
+    GpuModel model(w, recipe, cal.mu_k.data(), small_options(1, 512));
+    const std::vector<float> gpu = engine_logits(model, ref.tokens);
+    const std::vector<float> want = cpu.forward(ref.tokens, eval::recipe_attention(cpu.config(), recipe, &cal));
+    const Agreement a = compare(want, gpu, int(ref.tokens.size()), w.config().vocab_size);
+    const Agreement to_fp32 = compare(ref.logits, gpu, int(ref.tokens.size()), w.config().vocab_size);
+    const Agreement cpu_to_fp32 = compare(ref.logits, want, int(ref.tokens.size()), w.config().vocab_size);
+    std::printf("pk8l %s: engine vs CPU runner mean KL %.3g (max %.3g, top-1 %.3f); vs fp32: engine %.3g, CPU %.3g\n",
+                preset, a.mean_kl, a.max_kl, a.top1, to_fp32.mean_kl, cpu_to_fp32.mean_kl);
+    EXPECT_LT(a.mean_kl, 5e-3) << preset;
+    EXPECT_GE(a.top1, 0.95) << preset;
+  }
+}
+
+TEST(GpuModel, GraphReplayIsBitIdenticalToEagerSteps) {
+  SKIP_WITHOUT_GPU();
+  const GpuWeights w = GpuWeights::load(pk8l_dir());
+  std::vector<int> tokens = reference().tokens;
+  tokens.resize(300);  // past two pages: promotions inside the replayed steps
+  for (size_t i = 256; i < tokens.size(); ++i) tokens[i] = tokens[i - 200];
+  for (const char* preset : {"nvfp4", "bf16"}) {
+    GpuModelOptions eager = small_options(1, 512), graphs = eager;
+    eager.cuda_graphs = false;
+    GpuModel a(w, parse_recipe(preset), nullptr, eager), b(w, parse_recipe(preset), nullptr, graphs);
+    const std::vector<float> la = engine_logits(a, tokens), lb = engine_logits(b, tokens);
+    EXPECT_TRUE(b.last_step_replayed());
+    EXPECT_FALSE(a.last_step_replayed());
+    ASSERT_EQ(la.size(), lb.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < la.size(); ++i) differ += std::memcmp(&la[i], &lb[i], 4) != 0;
+    EXPECT_EQ(differ, 0u) << preset;
+  }
+}
+
+TEST(GpuModel, BatchedRowsMatchEachRowAlone) {
+  SKIP_WITHOUT_GPU();
+  const GpuWeights w = GpuWeights::load(pk8l_dir());
+  const std::vector<int> base = reference().tokens;
+  std::vector<std::vector<int>> seqs(3);
+  for (int s = 0; s < 3; ++s)
+    for (int t = 0; t < 160; ++t) seqs[s].push_back(base[(t * (s + 1) + 7 * s) % base.size()]);
+  GpuModel model(w, parse_recipe("nvfp4"), nullptr, small_options(3, 256));
+  std::vector<std::vector<float>> batched(3);
+  forced_logits_on_gpu(model, seqs, [&](int, const std::vector<float>& l) {
+    const size_t V = w.config().vocab_size;
+    for (int r = 0; r < 3; ++r) batched[r].insert(batched[r].end(), l.begin() + r * V, l.begin() + (r + 1) * V);
+  });
+  for (int s = 0; s < 3; ++s) {
+    GpuModel alone(w, parse_recipe("nvfp4"), nullptr, small_options(1, 256));
+    const std::vector<float> single = engine_logits(alone, seqs[s]);
+    // Only the GEMMs' accumulation order may differ with the row count (cuBLASLt picks an
+    // algorithm per shape): BF16-ulp noise, far below the model-vs-reference bounds.
+    const Agreement a = compare(single, batched[s], 160, w.config().vocab_size);
+    std::printf("row %d batched vs alone: mean KL %.3g, max %.3g, top-1 %.3f\n", s, a.mean_kl, a.max_kl, a.top1);
+    EXPECT_LT(a.mean_kl, 1e-3) << s;
+    EXPECT_GE(a.top1, 0.97) << s;
+  }
+}
+
+TEST(GpuModel, SamplingIsDeterministicForASeed) {
+  SKIP_WITHOUT_GPU();
+  const GpuWeights w = GpuWeights::load(pk8l_dir());
+  GpuModel model(w, parse_recipe("nvfp4"), nullptr, small_options(1, 512));
+  const std::vector<int> ref_tokens = reference().tokens;
+  const std::vector<int> prompt(ref_tokens.begin(), ref_tokens.begin() + 40);
+  auto run = [&](uint64_t seed, float temperature) {
+    GenerateOptions o;
+    o.max_tokens = 48;
+    o.stop_at_eos = false;
+    o.sampling.temperature = temperature;
+    o.sampling.top_p = 0.95f;
+    o.sampling.seed = seed;
+    std::vector<int> out;
+    generate_on_gpu(model, prompt, o, [&](int t) { out.push_back(t); });
+    return out;
+  };
+  EXPECT_EQ(run(7, 1.0f), run(7, 1.0f));
+  EXPECT_NE(run(7, 1.0f), run(8, 1.0f));
+  // Greedy draws are the argmax of the step's logits.
+  StepRows rows;
+  rows.tokens = {prompt[0]};
+  rows.seq_lens = {1};
+  rows.block_tables.resize(model.max_pages());
+  std::iota(rows.block_tables.begin(), rows.block_tables.end(), 0);
+  model.step(rows);
+  const std::vector<float> logits = model.read_logits();
+  EXPECT_EQ(model.sample({SamplingRow{}})[0], argmax(logits.data(), w.config().vocab_size));
+  model.release(0);
+}
+
+TEST(GpuModel, BadStepsAreClearErrors) {
+  SKIP_WITHOUT_GPU();
+  const GpuWeights w = GpuWeights::load(pk8l_dir());
+  GpuModel model(w, parse_recipe("nvfp4"), nullptr, small_options(1, 256));
+  StepRows rows;
+  rows.tokens = {5};
+  rows.seq_lens = {1};
+  rows.block_tables = {0, 1};
+  auto message_of = [&](const StepRows& r) -> std::string {
+    try {
+      model.step(r);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  StepRows bad = rows;
+  bad.tokens = {264};
+  EXPECT_NE(message_of(bad).find("outside the vocabulary"), std::string::npos);
+  bad = rows;
+  bad.seq_lens = {257};
+  EXPECT_NE(message_of(bad).find("max_context"), std::string::npos);
+  bad = rows;
+  bad.block_tables = {2, 1};
+  EXPECT_NE(message_of(bad).find("outside the cache"), std::string::npos);
+  EXPECT_THROW(model.sample({SamplingRow{}, SamplingRow{}}), Error);  // no step ran
+  GenerateOptions o;
+  o.max_tokens = 300;
+  EXPECT_THROW(generate_on_gpu(model, {1, 2, 3}, o, [](int) {}), Error);  // beyond max_context
+  o.max_tokens = 4;
+  EXPECT_THROW(generate_on_gpu(model, {}, o, [](int) {}), Error);
+}
+
+TEST(GpuWeights, RandomShapesRunAndNamesAreChecked) {
+  std::string shape;
+  EXPECT_TRUE(is_random_model_spec("qwen3-4b:random", &shape));
+  EXPECT_EQ(shape, "qwen3-4b");
+  EXPECT_FALSE(is_random_model_spec("models/pk8l", &shape));
+  EXPECT_THROW(known_shape("qwen3-5b"), Error);
+  EXPECT_EQ(known_shape("qwen3-4b").num_hidden_layers, 36);
+  SKIP_WITHOUT_GPU();
+  const GpuWeights w = GpuWeights::random(known_shape("qwen3-0.6b"), 3);
+  GpuModel model(w, parse_recipe("nvfp4"), nullptr, small_options(2, 1024));
+  StepRows rows;
+  rows.tokens = {11, 151000};
+  rows.seq_lens = {1, 1};
+  rows.block_tables.resize(2 * model.max_pages());
+  std::iota(rows.block_tables.begin(), rows.block_tables.end(), 0);
+  model.step(rows);
+  const std::vector<float> logits = model.read_logits();
+  for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+}
+
+}  // namespace
+}  // namespace fp4kv::engine
