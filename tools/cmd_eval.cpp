@@ -7,6 +7,17 @@
 #include "fp4kv/eval/evaluate.h"
 #include "fp4kv/eval/limits.h"
 #include "tools/commands.h"
+#include "tools/device_choice.h"
+#ifdef FP4KV_HAVE_CUDA
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+
+#include "fp4kv/attention/decode.h"
+#include "fp4kv/engine/gpu_generator.h"
+#include "fp4kv/engine/gpu_weights.h"
+#include "fp4kv/model/qwen3_config.h"
+#endif
 
 namespace fp4kv::cli {
 
@@ -14,14 +25,63 @@ namespace {
 struct EvalArgs {
   eval::EvalOptions opt;
   std::string configs = "bf16,fp8,nvfp4-vanilla-native,nvfp4,nvfp4-native,mxfp4-native";
-  std::string json_out;
+  std::string json_out, device = "auto";
   bool quiet = false;
 };
+
+#ifdef FP4KV_HAVE_CUDA
+// Rows of one GPU step in the evaluation: windows and questions run 64 at a time.
+constexpr int kEvalMaxBatch = 64;
+
+// The GPU engine's teacher-forced logits: the weights loaded at the first call (after
+// evaluate() has checked its inputs) and kept, one engine (cache sized for the sequences)
+// per recipe.
+eval::ForcedLogitsFn gpu_forced_logits(const std::string& model_dir) {
+  auto weights = std::make_shared<std::unique_ptr<engine::GpuWeights>>();
+  return [weights, model_dir](const Recipe& recipe, const eval::Calibration* cal,
+                              const std::vector<std::vector<int>>& seqs) {
+    if (!*weights) *weights = std::make_unique<engine::GpuWeights>(engine::GpuWeights::load(model_dir));
+    size_t longest = 0;
+    for (const auto& s : seqs) longest = std::max(longest, s.size());
+    engine::GpuModelOptions o;
+    o.max_batch = std::min<int>(kEvalMaxBatch, int(seqs.size()));
+    o.max_context = int(longest);
+    engine::GpuModel model(**weights, recipe, cal ? cal->mu_k.data() : nullptr, o);
+    return engine::forced_logits_on_gpu(model, seqs);
+  };
+}
+
+// Before any work: every recipe the GPU evaluation would run must have a GPU kernel (the
+// CPU-reference-only comparison variants do not). A missing model directory is left to
+// evaluate()'s own message.
+void check_gpu_recipes(const eval::EvalOptions& o) {
+  if (!std::filesystem::is_directory(o.model_dir)) return;
+  const model::Qwen3Config c = model::Qwen3Config::load_dir(o.model_dir);
+  const attention::DecodeGeometry g{c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+  std::vector<Recipe> recipes = o.configs;
+  recipes.push_back(parse_recipe(o.reference));
+  recipes.push_back(parse_recipe(o.baseline));
+  for (const Recipe& r : recipes) {
+    try {
+      attention::DecodeAttention::check_supported(g, r, attention::DecodeCapacity{1, 1, 1});
+    } catch (const Error& e) {
+      throw Error(std::string("--device cuda: ") + e.what() + "; evaluate it with --device cpu");
+    }
+  }
+}
+#endif
 
 int run_eval(EvalArgs& a) {
   a.opt.configs = parse_recipe_list(a.configs);
   a.opt.baseline = parse_recipe(a.opt.baseline).name;  // validate early
   a.opt.progress = !a.quiet;
+  if (use_gpu(a.device)) {
+#ifdef FP4KV_HAVE_CUDA
+    check_gpu_recipes(a.opt);
+    a.opt.forced_logits = gpu_forced_logits(a.opt.model_dir);
+    a.opt.device = "cuda";
+#endif
+  }
   // Before the work: a result that cannot be written must not cost the evaluation.
   if (!a.json_out.empty()) check_output_writable(a.json_out, "--json");
   const eval::EvalReport rep =
@@ -53,6 +113,8 @@ Action add_eval(CLI::App& app) {
   sub->add_option("--calibration-text", a->opt.calib_text_path, "text for computing a calibration")->capture_default_str();
   sub->add_option("--seed", a->opt.seed, "seed for windows and documents")->capture_default_str();
   sub->add_option("--json", a->json_out, "also write the results as JSON");
+  sub->add_option("--device", a->device, "auto (the GPU engine when a device is visible), cpu (the float32 runner) or cuda")
+      ->capture_default_str();
   sub->add_flag("--quiet", a->quiet, "no progress line on stderr");
   return [a] { return run_eval(*a); };
 }

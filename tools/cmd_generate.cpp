@@ -17,9 +17,8 @@
 #include "fp4kv/model/byte_tokenizer.h"
 #include "fp4kv/model/qwen3.h"
 #include "tools/commands.h"
+#include "tools/device_choice.h"
 #ifdef FP4KV_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
 #include "fp4kv/engine/gpu_generator.h"
 #include "fp4kv/engine/gpu_weights.h"
 #endif
@@ -61,17 +60,6 @@ void print_stats(const char* device, const Recipe& recipe, const engine::Generat
                s.stopped_at_eos ? " (EOS)" : "", 1e3 * s.seconds_per_token(), s.tokens_per_second());
 }
 
-bool cuda_device_visible() {
-#ifdef FP4KV_HAVE_CUDA
-  int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  if (!ok) (void)cudaGetLastError();
-  return ok;
-#else
-  return false;
-#endif
-}
-
 int generate_on_cpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>& prompt) {
   require(a.model.find(":random") == std::string::npos,
           "--model " + a.model + ": random-weight models run on the GPU only (--device cuda)");
@@ -108,21 +96,15 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
 #endif
 
 int run_generate(const GenerateArgs& a) {
-  require(a.device == "auto" || a.device == "cpu" || a.device == "cuda",
-          "--device must be auto, cpu or cuda, got '" + a.device + "'");
+  const bool gpu = use_gpu(a.device);
   const Recipe recipe = parse_recipe(a.kv);
   const std::string text = read_prompt(a);
   require(!text.empty(), "the prompt is empty");
   const std::vector<int> prompt = model::encode_bytes(text);
-  const bool gpu = a.device == "cuda" || (a.device == "auto" && cuda_device_visible());
 #ifdef FP4KV_HAVE_CUDA
-  if (gpu) {
-    require(cuda_device_visible(), "--device cuda: no CUDA device is visible");
-    return generate_on_gpu(a, recipe, prompt);
-  }
-#else
-  require(!gpu, "--device cuda: this build has no CUDA (nvcc was not found at configure time)");
+  if (gpu) return generate_on_gpu(a, recipe, prompt);
 #endif
+  (void)gpu;
   return generate_on_cpu(a, recipe, prompt);
 }
 

@@ -1,5 +1,6 @@
 #include "fp4kv/engine/gpu_generator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <numeric>
 #include <string>
@@ -70,32 +71,58 @@ GenerateStats generate_on_gpu(GpuModel& model, const std::vector<int>& prompt, c
   return stats;
 }
 
-void forced_logits_on_gpu(GpuModel& model, const std::vector<std::vector<int>>& sequences,
-                          const std::function<void(int position, const std::vector<float>& logits)>& on_step) {
-  const int B = int(sequences.size());
+void forced_logits_on_gpu(
+    GpuModel& model, const std::vector<std::vector<int>>& sequences,
+    const std::function<void(int position, const std::vector<int>& rows, const std::vector<float>& logits)>& on_step) {
+  const int B = int(sequences.size()), P = model.max_pages();
   require(B >= 1 && B <= model.options().max_batch, "forced_logits_on_gpu: " + std::to_string(B) +
                                                         " sequences for a max_batch of " +
                                                         std::to_string(model.options().max_batch));
-  const size_t n = sequences[0].size();
-  for (const auto& s : sequences) require(s.size() == n, "forced_logits_on_gpu: sequences of different lengths");
-  require(n >= 1 && (long long)n <= model.options().max_context,
-          "forced_logits_on_gpu: " + std::to_string(n) + " tokens per sequence; max_context is " +
-              std::to_string(model.options().max_context));
-  require((long long)B * model.max_pages() <= model.num_blocks(),
-          "forced_logits_on_gpu: " + std::to_string(B) + " sequences need " +
-              std::to_string((long long)B * model.max_pages()) + " cache blocks, the cache has " +
-              std::to_string(model.num_blocks()));
-  StepRows rows = rows_for(B, model.max_pages());
-  for (size_t t = 0; t < n; ++t) {
-    for (int r = 0; r < B; ++r) {
-      rows.tokens[r] = sequences[r][t];
-      rows.seq_lens[r] = int(t) + 1;
+  require((long long)B * P <= model.num_blocks(), "forced_logits_on_gpu: " + std::to_string(B) + " sequences need " +
+                                                      std::to_string((long long)B * P) + " cache blocks, the cache has " +
+                                                      std::to_string(model.num_blocks()));
+  size_t longest = 0;
+  for (const auto& s : sequences) {
+    require(!s.empty() && (long long)s.size() <= model.options().max_context,
+            "forced_logits_on_gpu: a sequence of " + std::to_string(s.size()) + " tokens (max_context " +
+                std::to_string(model.options().max_context) + ")");
+    longest = std::max(longest, s.size());
+  }
+  // Sequence s owns blocks [s * P, (s + 1) * P) for its whole run.
+  StepRows rows;
+  std::vector<int> active;
+  for (size_t t = 0; t < longest; ++t) {
+    rows.tokens.clear();
+    rows.seq_lens.clear();
+    rows.block_tables.clear();
+    active.clear();
+    for (int s = 0; s < B; ++s) {
+      if (sequences[s].size() <= t) continue;
+      active.push_back(s);
+      rows.tokens.push_back(sequences[s][t]);
+      rows.seq_lens.push_back(int(t) + 1);
+      for (int p = 0; p < P; ++p) rows.block_tables.push_back(s * P + p);
     }
     model.step(rows);
-    on_step(int(t), model.read_logits());
+    on_step(int(t), active, model.read_logits());
   }
-  for (int r = 0; r < B; ++r) model.release(rows.block_tables[size_t(r) * model.max_pages()]);
+  for (int s = 0; s < B; ++s) model.release(s * P);
   model.synchronize();
+}
+
+std::vector<std::vector<float>> forced_logits_on_gpu(GpuModel& model, const std::vector<std::vector<int>>& sequences) {
+  const size_t V = size_t(model.config().vocab_size), group = size_t(model.options().max_batch);
+  std::vector<std::vector<float>> out(sequences.size());
+  for (size_t first = 0; first < sequences.size(); first += group) {
+    const size_t n = std::min(group, sequences.size() - first);
+    const std::vector<std::vector<int>> part(sequences.begin() + first, sequences.begin() + first + n);
+    for (size_t i = 0; i < n; ++i) out[first + i].resize(part[i].size() * V);
+    forced_logits_on_gpu(model, part, [&](int t, const std::vector<int>& rows, const std::vector<float>& logits) {
+      for (size_t r = 0; r < rows.size(); ++r)
+        std::copy(logits.begin() + r * V, logits.begin() + (r + 1) * V, out[first + rows[r]].begin() + size_t(t) * V);
+    });
+  }
+  return out;
 }
 
 }  // namespace fp4kv::engine

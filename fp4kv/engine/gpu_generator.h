@@ -18,13 +18,19 @@ namespace fp4kv::engine {
 GenerateStats generate_on_gpu(GpuModel& model, const std::vector<int>& prompt, const GenerateOptions& options,
                               const std::function<void(int token)>& on_token);
 
-// Teacher-forced logits of `tokens` through the engine: the first token is the first step,
-// every later one a decode step with the text's token forced; returns [tokens.size()][vocab]
-// (row t: the distribution after tokens[0..t]). Rows of `batch` sequences run as one step
-// each, so sequences must have equal lengths. The evaluation path of `fp4kv eval --device
-// cuda`; `on_step(t, logits[batch][vocab])` receives each step's logits instead of storing them
-// when given.
-void forced_logits_on_gpu(GpuModel& model, const std::vector<std::vector<int>>& sequences,
-                          const std::function<void(int position, const std::vector<float>& logits)>& on_step);
+// Teacher-forced logits through the engine: sequence s's first token is its first step,
+// every later one a decode step with the text's token forced (cache writes, promotions and
+// the decode kernel exactly as in serving). Up to max_batch sequences (any lengths) run
+// together, one row each, while they last: step t has the rows of the sequences longer than
+// t. on_step(t, rows, logits) receives the step's sequence indices and logits
+// [rows.size()][vocab] (row i: the distribution after sequences[rows[i]][0..t]). The
+// evaluation path of `fp4kv eval --device cuda`.
+void forced_logits_on_gpu(
+    GpuModel& model, const std::vector<std::vector<int>>& sequences,
+    const std::function<void(int position, const std::vector<int>& rows, const std::vector<float>& logits)>& on_step);
+
+// The same, collecting every sequence's logits [length][vocab]; more sequences than
+// max_batch run in consecutive groups.
+std::vector<std::vector<float>> forced_logits_on_gpu(GpuModel& model, const std::vector<std::vector<int>>& sequences);
 
 }  // namespace fp4kv::engine

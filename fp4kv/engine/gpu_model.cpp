@@ -215,8 +215,18 @@ void GpuModel::upload(const StepRows& rows) {
 
 GpuModel::Gemms& GpuModel::gemms_for(int batch) {
   auto it = gemms_.find(batch);
-  if (it == gemms_.end()) it = gemms_.emplace(batch, std::make_unique<Gemms>(config(), batch)).first;
-  return *it->second;
+  if (it != gemms_.end()) return *it->second;
+  auto g = std::make_unique<Gemms>(config(), batch);
+  if (options_.tune_gemms) {  // on layer 0's weights and the step's own buffers (their contents do not matter)
+    const GpuLayerWeights& w = weights_.layer(0);
+    Activations& a = *act_;
+    g->qkv.tune(a.h, w.wqkv, a.qkv, stream_);
+    g->o.tune(a.attn, w.wo, a.delta, stream_);
+    g->gate_up.tune(a.h, w.w_gate_up, a.gate_up, stream_);
+    g->down.tune(a.act, w.w_down, a.delta, stream_);
+    g->lm_head.tune(a.h, weights_.lm_head(), a.logits, stream_);
+  }
+  return *gemms_.emplace(batch, std::move(g)).first->second;
 }
 
 void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {

@@ -56,6 +56,7 @@ struct GpuModelOptions {
   int num_blocks = 0;        // cache blocks per layer (0: max_batch requests of max_context)
   int max_slots = 0;         // requests holding BF16 slots (0: max_batch)
   bool cuda_graphs = true;   // capture each batch size's step once and replay it
+  bool tune_gemms = true;    // time cuBLASLt's candidate algorithms per batch size (ops::Gemm::tune)
 };
 
 // One step's rows, host side. Row r feeds tokens[r] at position seq_lens[r] - 1 of the

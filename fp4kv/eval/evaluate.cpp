@@ -115,6 +115,49 @@ std::string fmt(const char* f, double x) {
 
 }  // namespace
 
+struct RetrievalScore {
+  int correct = 0, asked = 0;
+};
+
+// Every question extends the document prefix computed once.
+RetrievalScore retrieval_on_cpu(const model::Qwen3Model& m, const model::AttentionFn& attend,
+                                 const std::vector<PasskeyDoc>& docs, int vocab) {
+  RetrievalScore r;
+  for (const PasskeyDoc& doc : docs) {
+    model::KvState body;
+    m.forward(doc.body, attend, nullptr, &body);
+    for (const PasskeyQuestion& q : doc.questions) {
+      r.correct += passkey_correct(m.extend(body, q.tokens, attend), vocab, q);
+      ++r.asked;
+    }
+  }
+  return r;
+}
+
+// Every question as one sequence (document + question), all of them at once.
+RetrievalScore retrieval_through(const ForcedLogitsFn& forced, const Recipe& recipe, const Calibration* cal,
+                                 const std::vector<PasskeyDoc>& docs, int vocab) {
+  std::vector<std::vector<int>> seqs;
+  std::vector<const PasskeyQuestion*> questions;
+  std::vector<size_t> body_len;
+  for (const PasskeyDoc& doc : docs)
+    for (const PasskeyQuestion& q : doc.questions) {
+      std::vector<int> s = doc.body;
+      s.insert(s.end(), q.tokens.begin(), q.tokens.end());
+      seqs.push_back(std::move(s));
+      questions.push_back(&q);
+      body_len.push_back(doc.body.size());
+    }
+  const std::vector<std::vector<float>> logits = forced(recipe, cal, seqs);
+  RetrievalScore r;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const std::vector<float> q_logits(logits[i].begin() + body_len[i] * vocab, logits[i].end());
+    r.correct += passkey_correct(q_logits, vocab, *questions[i]);
+    ++r.asked;
+  }
+  return r;
+}
+
 EvalReport evaluate(const EvalOptions& o, std::ostream& log) {
   const auto t0 = std::chrono::steady_clock::now();
   require(fs::exists(o.model_dir), "--model: model directory '" + o.model_dir + "' does not exist");
@@ -144,6 +187,7 @@ EvalReport evaluate(const EvalOptions& o, std::ostream& log) {
   rep.reference = o.reference;
   rep.baseline = o.baseline;
   rep.text = o.text_path;
+  rep.device = o.device;
 
   std::vector<Recipe> configs = o.configs;
   const Recipe reference = parse_recipe(o.reference);
@@ -160,26 +204,46 @@ EvalReport evaluate(const EvalOptions& o, std::ostream& log) {
   const Calibration* cal = calib ? &*calib : nullptr;
 
   const int vocab = cfg.vocab_size, bos = cfg.bos_token_id >= 0 ? cfg.bos_token_id : model::kByteBos;
-  Progress progress(o.progress, long(o.windows) * (1 + long(configs.size())) + long(o.retrieval_docs) * long(configs.size()));
+  const long kl_steps = (o.forced_logits ? 1 : long(o.windows)) * (1 + long(configs.size()));
+  Progress progress(o.progress, kl_steps + long(o.retrieval_docs) * long(configs.size()));
 
   // Teacher-forced KL on W windows of the held-out text.
   std::mt19937 rng(o.seed);
-  std::vector<ConfigResult> res(configs.size());
-  std::vector<double> top1_sum(configs.size(), 0.0);
+  std::vector<std::vector<int>> windows;
   for (int w = 0; w < o.windows; ++w) {
     const size_t span = size_t(o.context - 1);
     const size_t off = text.size() > span ? size_t(rng() % (text.size() - span + 1)) : 0;
     std::vector<int> tokens = model::encode_bytes(std::string_view(text).substr(off, span), false);
     tokens.insert(tokens.begin(), bos);
-    const std::vector<float> ref_logits = m.forward(tokens, recipe_attention(cfg, reference, cal));
-    progress.step("window " + std::to_string(w + 1) + " " + reference.name);
+    windows.push_back(std::move(tokens));
+  }
+  std::vector<ConfigResult> res(configs.size());
+  std::vector<double> top1_sum(configs.size(), 0.0);
+  auto score = [&](size_t c, const std::vector<float>& ref_logits, const std::vector<float>& logits, int L) {
+    const KlStats st = teacher_forced_kl(ref_logits, logits, L, vocab, kPageTokens);
+    res[c].window_kl.push_back(st.kl);
+    top1_sum[c] += st.top1_mismatch;
+  };
+  if (o.forced_logits) {  // every window of a recipe at once
+    const std::vector<std::vector<float>> ref_logits = o.forced_logits(reference, cal, windows);
+    progress.step(reference.name + " (" + std::to_string(o.windows) + " windows)");
     for (size_t c = 0; c < configs.size(); ++c) {
-      const std::vector<float> logits =
-          configs[c].name == reference.name ? ref_logits : m.forward(tokens, recipe_attention(cfg, configs[c], cal));
-      const KlStats st = teacher_forced_kl(ref_logits, logits, int(tokens.size()), vocab, kPageTokens);
-      res[c].window_kl.push_back(st.kl);
-      top1_sum[c] += st.top1_mismatch;
-      progress.step("window " + std::to_string(w + 1) + " " + configs[c].name);
+      const std::vector<std::vector<float>> logits =
+          configs[c].name == reference.name ? ref_logits : o.forced_logits(configs[c], cal, windows);
+      for (int w = 0; w < o.windows; ++w) score(c, ref_logits[w], logits[w], int(windows[w].size()));
+      progress.step(configs[c].name + " (" + std::to_string(o.windows) + " windows)");
+    }
+  } else {
+    for (int w = 0; w < o.windows; ++w) {
+      const std::vector<int>& tokens = windows[w];
+      const std::vector<float> ref_logits = m.forward(tokens, recipe_attention(cfg, reference, cal));
+      progress.step("window " + std::to_string(w + 1) + " " + reference.name);
+      for (size_t c = 0; c < configs.size(); ++c) {
+        const std::vector<float> logits =
+            configs[c].name == reference.name ? ref_logits : m.forward(tokens, recipe_attention(cfg, configs[c], cal));
+        score(c, ref_logits, logits, int(tokens.size()));
+        progress.step("window " + std::to_string(w + 1) + " " + configs[c].name);
+      }
     }
   }
   size_t base_index = 0;
@@ -202,19 +266,11 @@ EvalReport evaluate(const EvalOptions& o, std::ostream& log) {
     std::vector<PasskeyDoc> docs;
     for (int i = 0; i < o.retrieval_docs; ++i) docs.push_back(make_passkey_doc(text, words, o.retrieval_context, drng));
     for (size_t c = 0; c < configs.size(); ++c) {
-      const model::AttentionFn attend = recipe_attention(cfg, configs[c], cal);
-      int correct = 0, asked = 0;
-      for (const PasskeyDoc& doc : docs) {
-        model::KvState body;
-        m.forward(doc.body, attend, nullptr, &body);
-        for (const PasskeyQuestion& q : doc.questions) {
-          correct += passkey_correct(m.extend(body, q.tokens, attend), vocab, q);
-          ++asked;
-        }
-        progress.step("retrieval " + configs[c].name);
-      }
-      res[c].retrieval_acc = double(correct) / double(asked);
-      res[c].retrieval_questions = asked;
+      const RetrievalScore r = o.forced_logits ? retrieval_through(o.forced_logits, configs[c], cal, docs, vocab)
+                                               : retrieval_on_cpu(m, recipe_attention(cfg, configs[c], cal), docs, vocab);
+      for (size_t d = 0; d < docs.size(); ++d) progress.step("retrieval " + configs[c].name);
+      res[c].retrieval_acc = double(r.correct) / double(r.asked);
+      res[c].retrieval_questions = r.asked;
     }
   }
   rep.configs = std::move(res);
@@ -224,7 +280,7 @@ EvalReport evaluate(const EvalOptions& o, std::ostream& log) {
 
 std::string EvalReport::table() const {
   std::ostringstream s;
-  s << "fp4kv eval: " << model << ", " << windows << " windows x " << context << " tokens of " << text
+  s << "fp4kv eval (" << device << "): " << model << ", " << windows << " windows x " << context << " tokens of " << text
     << "; reference " << reference << ", t against " << baseline << "\n";
   s << "calibration: " << calibration << "\n";
   if (retrieval_docs > 0)
@@ -256,6 +312,7 @@ std::string EvalReport::json() const {
   j["reference"] = reference;
   j["baseline"] = baseline;
   j["calibration"] = calibration;
+  j["device"] = device;
   j["retrieval_docs"] = retrieval_docs;
   j["retrieval_context"] = retrieval_context;
   j["seconds"] = seconds;

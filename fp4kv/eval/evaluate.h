@@ -3,15 +3,23 @@
 // retrieval accuracy.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "fp4kv/core/recipe.h"
+#include "fp4kv/eval/calibration.h"
 #include "fp4kv/model/qwen3_config.h"
 
 namespace fp4kv::eval {
+
+// Teacher-forced logits of token sequences under a recipe: out[s] = [sequences[s].size()][vocab],
+// row t the distribution after tokens 0..t, every position attending as a decode step.
+// `fp4kv eval --device cuda` passes the GPU engine's (engine/gpu_generator.h).
+using ForcedLogitsFn = std::function<std::vector<std::vector<float>>(
+    const Recipe& recipe, const Calibration* calibration, const std::vector<std::vector<int>>& sequences)>;
 
 struct EvalOptions {
   std::string model_dir;
@@ -27,6 +35,10 @@ struct EvalOptions {
   int retrieval_context = 1024;
   unsigned seed = 1;
   bool progress = true;  // a progress line on stderr
+  // Empty: the CPU float32 runner (the oracle). Else every window and question runs through
+  // it, all windows (and all questions) of a recipe at once.
+  ForcedLogitsFn forced_logits;
+  std::string device = "cpu";  // where the logits come from (the report names it)
 };
 
 struct ConfigResult {
@@ -43,6 +55,7 @@ struct EvalReport {
   std::string model;
   int context = 0, windows = 0, retrieval_docs = 0, retrieval_context = 0;
   std::string reference, baseline, text, calibration;  // calibration: where mu_k/tau came from
+  std::string device = "cpu";
   std::vector<ConfigResult> configs;
   double seconds = 0.0;
 

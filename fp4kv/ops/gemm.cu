@@ -53,16 +53,18 @@ Gemm::Gemm(const GemmShape& shape, size_t workspace_bytes) : shape_(shape), work
                       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
       if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &kAlignmentBytes, sizeof kAlignmentBytes);
     }
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kGemmCandidates]{};
     int found = 0;
     if (s == CUBLAS_STATUS_SUCCESS) {
-      s = cublasLtMatmulAlgoGetHeuristic(handle_, op_, a_, b_, d_, d_, pref, 1, &result, &found);
+      s = cublasLtMatmulAlgoGetHeuristic(handle_, op_, a_, b_, d_, d_, pref, kGemmCandidates, results, &found);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     cublas_check(s, "cublasLtMatmulAlgoGetHeuristic (" + shape_text(shape) + ")");
     require(found > 0, "Gemm: cuBLASLt has no algorithm for " + shape_text(shape) + " within a workspace of " +
                            std::to_string(workspace_bytes_) + " bytes");
-    algo_ = result.algo;
+    for (int i = 0; i < found; ++i) candidates_[i] = results[i].algo;
+    num_candidates_ = found;
+    algo_ = candidates_[0];
   } catch (...) {
     release();
     throw;
@@ -82,6 +84,37 @@ void Gemm::release() noexcept {
   op_ = nullptr;
   handle_ = nullptr;
   workspace_ = nullptr;
+}
+
+int Gemm::tune(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaStream_t stream) {
+  constexpr int kWarmups = 2, kTimed = 5;
+  cudaEvent_t begin = nullptr, end = nullptr;
+  cache::cuda_check(cudaEventCreate(&begin), "Gemm::tune: event");
+  cache::cuda_check(cudaEventCreate(&end), "Gemm::tune: event");
+  float best_ms = 0;
+  int best = 0;
+  try {
+    for (int i = 0; i < num_candidates_; ++i) {
+      algo_ = candidates_[i];
+      for (int r = 0; r < kWarmups; ++r) run_any(x, w, y, stream);
+      cache::cuda_check(cudaEventRecord(begin, stream), "Gemm::tune: event");
+      for (int r = 0; r < kTimed; ++r) run_any(x, w, y, stream);
+      cache::cuda_check(cudaEventRecord(end, stream), "Gemm::tune: event");
+      cache::cuda_check(cudaEventSynchronize(end), "Gemm::tune");
+      float ms = 0;
+      cache::cuda_check(cudaEventElapsedTime(&ms, begin, end), "Gemm::tune: elapsed");
+      if (i == 0 || ms < best_ms) best_ms = ms, best = i;
+    }
+  } catch (...) {
+    cudaEventDestroy(begin);
+    cudaEventDestroy(end);
+    algo_ = candidates_[0];
+    throw;
+  }
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  algo_ = candidates_[best];
+  return best;
 }
 
 void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t stream) const {

@@ -5,7 +5,8 @@
 // A Gemm is the plan of one shape: the constructor creates the cuBLASLt handle, the matmul
 // descriptor and the three layouts, asks the heuristic once for the algorithm, and allocates
 // the workspace; run() only launches (no allocation, no host synchronization: capturable in
-// a CUDA graph). Row-major Y = X W^T is the column-major Y^T = W^T' X^T', i.e. cuBLAS's
+// a CUDA graph). tune() may replace the heuristic's first algorithm by the fastest of its
+// candidates, measured on the caller's operands. Row-major Y = X W^T is the column-major Y^T = W^T' X^T', i.e. cuBLAS's
 // A = W (transposed, ld K), B = X (ld K), D = Y^T (ld N).
 //
 // Invariants: pointers passed to run() must be 16-byte aligned (the heuristic is asked for
@@ -30,6 +31,7 @@ struct GemmShape {
 };
 
 inline constexpr size_t kDefaultGemmWorkspaceBytes = size_t(32) << 20;
+inline constexpr int kGemmCandidates = 8;  // heuristic results kept for Gemm::tune
 
 class Gemm {
  public:
@@ -42,6 +44,13 @@ class Gemm {
   // x: device [m][k], w: device [n][k], y: device [m][n]; the overload must match shape().output.
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t stream) const;
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, cudaStream_t stream) const;
+
+  // Times each of the heuristic's candidate algorithms (up to 8) on these operands and keeps
+  // the fastest; returns its rank in the heuristic's list (0: the heuristic's first choice).
+  // Synchronizes the stream: call outside graph capture. The product of every candidate is
+  // an FP32-accumulated GEMM; they differ only in summation order.
+  int tune(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaStream_t stream);
+  int candidates() const { return num_candidates_; }
 
   const GemmShape& shape() const { return shape_; }
 
@@ -56,6 +65,8 @@ class Gemm {
   cublasLtMatmulDesc_t op_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
+  cublasLtMatmulAlgo_t candidates_[kGemmCandidates]{};  // the heuristic's list, best first
+  int num_candidates_ = 0;
 };
 
 }  // namespace fp4kv::ops

@@ -55,6 +55,23 @@ TEST(CliEval, BadInputIsAClearError) {
   expect_failure("calibrate --model " + (dir.path / "nope").string(), "does not exist");
 }
 
+// --device: a bad name is an error; cuda runs the GPU engine where a device is visible and
+// is a clear error elsewhere; a CPU-reference-only variant is refused on the GPU by name.
+TEST(CliEval, DeviceChoice) {
+  expect_failure("eval --quiet --model " + kModel + " --device tpu", "--device");
+  const std::string small = "eval --quiet --model " + kModel + " --text " + kText +
+                            " --context 256 --windows 1 --retrieval-docs 0 --baseline nvfp4 --device cuda --configs ";
+  const auto r = test::run_cli(small + "bf16,nvfp4");
+  if (r.code == 0) {
+    EXPECT_NE(r.output.find("fp4kv eval (cuda)"), std::string::npos) << r.output;
+    expect_failure(small + "nvfp4-native:smoothq", "--device cpu");
+  } else {
+    EXPECT_TRUE(r.output.find("no CUDA device") != std::string::npos ||
+                r.output.find("this build has no CUDA") != std::string::npos)
+        << r.output;
+  }
+}
+
 TEST(CliCalibrate, WritesAFileTheEvaluationLoads) {
   TempDir dir;
   const std::string out = (dir.path / "calib.json").string();
