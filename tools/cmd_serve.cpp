@@ -1,8 +1,8 @@
-// `fp4kv serve`: the OpenAI-compatible HTTP server (fp4kv/serve/server.h) over the CPU engine.
+// `fp4kv serve`: the OpenAI-compatible HTTP server (fp4kv/serve/server.h) over the GPU engine
+// (--device auto with a visible device, or cuda) or the CPU engine.
 // Binds to loopback unless --host says otherwise; prints the address and the KV capacity;
 // SIGINT/SIGTERM shut it down gracefully (running requests cancelled, their streams ended,
-// the worker stopped) and it exits 0. The GPU engine is not in this build yet, so
-// --device cuda is refused.
+// the worker stopped) and it exits 0.
 #include <csignal>
 #include <algorithm>
 #include <cstdio>
@@ -14,6 +14,10 @@
 #include "fp4kv/serve/cpu_engine.h"
 #include "fp4kv/serve/server.h"
 #include "tools/commands.h"
+#include "tools/device_choice.h"
+#ifdef FP4KV_HAVE_CUDA
+#include "fp4kv/serve/gpu_serving.h"
+#endif
 
 namespace fp4kv::cli {
 
@@ -22,10 +26,12 @@ namespace {
 constexpr long long kMiB = 1LL << 20;
 
 struct ServeArgs {
-  serve::CpuServeSetup setup;
+  std::string model_dir = "models/pk8l", kv = "nvfp4", calibration;
+  int max_batch = 8;
   serve::ServerConfig server;
-  std::string device = "cpu";
-  long long kv_memory_mib = serve::kDefaultKvBudgetBytes / kMiB;
+  std::string device = "auto";
+  long long kv_memory_mib = 0;  // 0: the engine's default (CPU: 256 MiB; GPU: --gpu-memory-utilization)
+  double gpu_memory_utilization = 0.9;
 };
 
 // SIGINT and SIGTERM write one byte to a pipe (the only async-signal-safe work); a thread
@@ -47,20 +53,25 @@ void install_shutdown_signals() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-int run_serve(ServeArgs& a) {
-  require(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '" + a.device + "'");
-  require(a.device == "cpu", "--device cuda: the GPU engine is not part of this build yet; use --device cpu");
-  require(a.kv_memory_mib >= 1, "--kv-memory-mib must be >= 1, got " + std::to_string(a.kv_memory_mib));
-  a.setup.kv_budget_bytes = a.kv_memory_mib * kMiB;
-  serve::CpuServing s = serve::load_cpu_serving(a.setup);
-  a.server.http_threads = std::max(a.server.http_threads, 2 * a.setup.max_batch);  // streams hold a thread each
+// What the HTTP server runs over, from either engine.
+struct Served {
+  engine::Engine* engine = nullptr;
+  const engine::TextCodec* codec = nullptr;
+  const serve::ModelLimits* limits = nullptr;
+  std::string recipe, device;
+  engine::CacheCapacity capacity;
+  long long budget_bytes = 0;
+};
+
+int run_server(ServeArgs& a, const Served& s) {
+  a.server.http_threads = std::max(a.server.http_threads, 2 * a.max_batch);  // streams hold a thread each
   install_shutdown_signals();
-  serve::HttpServer server(*s.engine, s.codec, s.limits, a.server);
+  serve::HttpServer server(*s.engine, *s.codec, *s.limits, a.server);
   const int port = server.bind();
-  std::printf("fp4kv serve: model '%s' (context %d), kv %s, device cpu, max batch %d\n", s.limits.model_name.c_str(),
-              s.limits.context, s.recipe.name.c_str(), a.setup.max_batch);
+  std::printf("fp4kv serve: model '%s' (context %d), kv %s, device %s, max batch %d\n", s.limits->model_name.c_str(),
+              s.limits->context, s.recipe.c_str(), s.device.c_str(), a.max_batch);
   std::printf("fp4kv serve: KV capacity %d blocks x %d tokens = %lld tokens (%lld MiB budget, %lld bytes per block)\n",
-              s.capacity.blocks, engine::kBlockTokens, s.capacity.tokens(), a.kv_memory_mib, s.capacity.block_bytes);
+              s.capacity.blocks, engine::kBlockTokens, s.capacity.tokens(), s.budget_bytes / kMiB, s.capacity.block_bytes);
   std::printf("fp4kv serve: listening on http://%s:%d\n", a.server.host.c_str(), port);
   std::fflush(stdout);
   std::thread signal_thread([&server] {
@@ -78,19 +89,47 @@ int run_serve(ServeArgs& a) {
   return 0;
 }
 
+int run_serve(ServeArgs& a) {
+  const bool gpu = use_gpu(a.device);
+  require(a.max_batch >= 1, "--max-batch must be >= 1, got " + std::to_string(a.max_batch));
+  require(a.kv_memory_mib >= 0, "--kv-memory-mib must be >= 0, got " + std::to_string(a.kv_memory_mib));
+#ifdef FP4KV_HAVE_CUDA
+  if (gpu) {
+    serve::GpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, a.kv_memory_mib * kMiB,
+                               a.gpu_memory_utilization};
+    serve::GpuServing s = serve::load_gpu_serving(setup);
+    return run_server(a, Served{s.engine.get(), &s.codec, &s.limits, s.recipe.name, "cuda", s.capacity,
+                                s.kv_budget_bytes});
+  }
+#endif
+  (void)gpu;
+  const long long mib = a.kv_memory_mib > 0 ? a.kv_memory_mib : serve::kDefaultKvBudgetBytes / kMiB;
+  serve::CpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, mib * kMiB};
+  serve::CpuServing s = serve::load_cpu_serving(setup);
+  return run_server(a, Served{s.engine.get(), &s.codec, &s.limits, s.recipe.name, "cpu", s.capacity, mib * kMiB});
+}
+
 }  // namespace
 
 Action add_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions) over the engine");
-  sub->add_option("--model", a->setup.model_dir, "Hugging Face Qwen3 checkpoint directory (byte tokenizer)")->capture_default_str();
-  sub->add_option("--kv", a->setup.kv, "KV-cache recipe: PRESET[:switch,...]")->capture_default_str();
-  sub->add_option("--calibration", a->setup.calibration, "calibration file (default: beside the model)");
+  sub->add_option("--model", a->model_dir, "Hugging Face Qwen3 checkpoint directory (byte tokenizer)")->capture_default_str();
+  sub->add_option("--kv", a->kv, "KV-cache recipe: PRESET[:switch,...]")->capture_default_str();
+  sub->add_option("--calibration", a->calibration, "calibration file (default: beside the model)");
   sub->add_option("--host", a->server.host, "address to listen on (loopback by default)")->capture_default_str();
   sub->add_option("--port", a->server.port, "port (0: any free port)")->capture_default_str();
-  sub->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
-  sub->add_option("--max-batch", a->setup.max_batch, "requests in the running batch at most")->capture_default_str();
-  sub->add_option("--kv-memory-mib", a->kv_memory_mib, "KV cache memory the block pool is cut from")->capture_default_str();
+  sub->add_option("--device", a->device, "auto (the GPU engine when a device is visible), cpu or cuda")
+      ->capture_default_str();
+  sub->add_option("--max-batch", a->max_batch, "requests in the running batch at most")->capture_default_str();
+  sub->add_option("--kv-memory-mib", a->kv_memory_mib,
+                  "KV cache memory the block pool is cut from (0: 256 MiB on the CPU, --gpu-memory-utilization on "
+                  "the GPU)")
+      ->capture_default_str();
+  sub->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
+                  "GPU: fraction of the device's memory for weights + KV cache (the cache gets what the weights and "
+                  "a 1 GiB activation reserve leave)")
+      ->capture_default_str();
   sub->add_option("--api-key", a->server.api_key, "require `Authorization: Bearer KEY` on /v1/*");
   return [a] { return run_serve(*a); };
 }

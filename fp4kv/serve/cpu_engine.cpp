@@ -1,25 +1,14 @@
 #include "fp4kv/serve/cpu_engine.h"
 
-#include <algorithm>
-#include <climits>
-#include <filesystem>
-
 #include "fp4kv/core/error.h"
 #include "fp4kv/engine/cpu_backend.h"
 #include "fp4kv/eval/limits.h"
 #include "fp4kv/eval/model_attention.h"
 #include "fp4kv/eval/recipe_setup.h"
 #include "fp4kv/model/byte_tokenizer.h"
+#include "fp4kv/serve/serving.h"
 
 namespace fp4kv::serve {
-
-namespace {
-
-// Per-step token budget and prefill chunk of the scheduler (the engine's defaults).
-constexpr int kStepTokens = 256;
-constexpr int kPrefillChunk = 128;
-
-}  // namespace
 
 CpuServing load_cpu_serving(const CpuServeSetup& setup) {
   require(setup.max_batch >= 1, "--max-batch must be >= 1, got " + std::to_string(setup.max_batch));
@@ -35,19 +24,11 @@ CpuServing load_cpu_serving(const CpuServeSetup& setup) {
                                       setup.kv_budget_bytes, setup.max_batch);
   require(s.capacity.blocks >= 1, "the KV budget of " + std::to_string(setup.kv_budget_bytes) +
                                       " bytes buys no cache block; give a larger budget");
-  s.codec = engine::TextCodec{[](std::string_view t) { return model::encode_bytes(t); }, model::decode_bytes};
-  s.limits.model_name = std::filesystem::path(setup.model_dir).lexically_normal().filename().string();
-  if (s.limits.model_name.empty()) s.limits.model_name = std::filesystem::path(setup.model_dir).parent_path().filename().string();
-  s.limits.vocab_size = c.vocab_size;
-  s.limits.context = c.max_position_embeddings > 0 ? c.max_position_embeddings : INT_MAX;  // 0: not bounded
-  engine::SchedulerConfig config;
-  config.max_batch = setup.max_batch;
-  config.max_step_tokens = std::max(kStepTokens, setup.max_batch);
-  config.prefill_chunk = kPrefillChunk;
-  config.total_blocks = s.capacity.blocks;
+  s.codec = byte_codec();
+  s.limits = model_limits(setup.model_dir, c);
   s.engine = std::make_unique<engine::Engine>(
-      std::make_unique<engine::CpuBackend>(*s.model, eval::recipe_attention(c, s.recipe, s.calibration.get())), config,
-      s.codec);
+      std::make_unique<engine::CpuBackend>(*s.model, eval::recipe_attention(c, s.recipe, s.calibration.get())),
+      scheduler_config(setup.max_batch, s.capacity.blocks), s.codec);
   return s;
 }
 
