@@ -10,6 +10,7 @@
 #include "fp4kv/core/half.h"
 #include "fp4kv/core/operand_quant.h"
 #include "fp4kv/core/transform.h"
+#include "fp4kv/ref/query_operand.h"
 #include "fp4kv/ref/softmax_state.h"
 
 namespace fp4kv::ref {
@@ -19,132 +20,11 @@ namespace {
 constexpr int P = kPageTokens;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// The 16-bit operand type of mixed mode: FP16 for every format (MXFP4 pages expand to FP16
-// after a power-of-two shift per page; see docs/DESIGN.md).
-float round_operand(float x) { return round_fp16(x); }
-
 float exp2f_ref(float x) { return float(std::exp2(double(x))); }
-
-void check_head_dim(int d, const Recipe& r) {
-  require(d > 0, "head_dim must be positive");
-  if (r.rotate_keys)
-    require(hadamard_supported(d), "head_dim " + std::to_string(d) +
-                                       " is not supported by the Hadamard transform (needs 64, 128, 256 or 512)");
-  if (r.fp4()) require(d % r.block() == 0, "head_dim " + std::to_string(d) + " is not a multiple of the " +
-                                               to_string(r.kv) + " block size " + std::to_string(r.block()));
-}
-
-// q' for one head: non-finite elements become 0 (they must not poison anything), then
-// the recipe's rotation.
-std::vector<float> transformed_query(const float* q, int d, const Recipe& r) {
-  std::vector<float> x(d), out(d);
-  for (int i = 0; i < d; ++i) x[i] = is_finite(q[i]) ? q[i] : 0.0f;
-  transform_query(x.data(), d, r.rotate_keys, out.data());
-  return out;
-}
-
-// One FP4 vector: the expanded MMA operand (code * block scale) and its FP32 multiplier.
-struct Fp4Term {
-  std::vector<float> expanded;
-  std::vector<float> dequant;  // expanded * g, what the term contributes
-  float g = 1.0f;
-};
-
-// Quantizes x (standard rule, no search) and returns the term and the residual x - deq.
-Fp4Term quantize_term(const std::vector<float>& x, KvFormat f, std::vector<float>* residual) {
-  const int d = int(x.size());
-  Fp4Term t;
-  t.expanded.resize(d);
-  t.dequant.resize(d);
-  if (residual) residual->resize(d);
-  uint8_t codes[32];
-  if (f == KvFormat::nvfp4) {
-    t.g = nvfp4_global_scale(finite_amax(x.data(), d, 1));
-    for (int j = 0; j < d; j += kNvfp4Block) {
-      const uint8_t s = nvfp4_quantize_block(&x[j], 1, t.g, false, codes);
-      for (int i = 0; i < kNvfp4Block; ++i) t.expanded[j + i] = mul_rn(e2m1_value(codes[i]), e4m3_value(s));
-      if (residual) nvfp4_block_residual(&x[j], codes, s, t.g, &(*residual)[j]);
-    }
-  } else {
-    for (int j = 0; j < d; j += kMxfp4Block) {
-      const uint8_t s = mxfp4_quantize_block(&x[j], 1, false, codes);
-      for (int i = 0; i < kMxfp4Block; ++i) t.expanded[j + i] = mul_rn(e2m1_value(codes[i]), e8m0_value(s));
-      if (residual) mxfp4_block_residual(&x[j], codes, s, &(*residual)[j]);
-    }
-  }
-  for (int i = 0; i < d; ++i) t.dequant[i] = mul_rn(t.expanded[i], t.g);
-  return t;
-}
-
-// The query of one head as both products see it.
-struct QueryOperand {
-  std::vector<float> full;   // q' in float: used against BF16 tokens
-  std::vector<Fp4Term> terms;  // against quantized pages: 1 or 2 terms (16-bit q' is one term with g = 1)
-  std::vector<float> qbar;   // smoothing-Q variant: high-precision mean, added back exactly
-};
-
-std::vector<QueryOperand> make_query_operands(const float* q, int G, int d, const Recipe& r) {
-  std::vector<QueryOperand> ops(G);
-  for (int h = 0; h < G; ++h) ops[h].full = transformed_query(q + size_t(h) * d, d, r);
-  if (!(r.fp4() || r.kv == KvFormat::fp8)) return ops;  // only BF16 tokens
-  std::vector<float> qbar;
-  if (r.query == QueryFormat::smooth_fp4) {
-    qbar.assign(d, 0.0f);
-    for (int h = 0; h < G; ++h)
-      for (int i = 0; i < d; ++i) qbar[i] = add_rn(qbar[i], ops[h].full[i]);
-    for (int i = 0; i < d; ++i) qbar[i] = div_rn(qbar[i], float(G));
-  }
-  for (int h = 0; h < G; ++h) {
-    QueryOperand& op = ops[h];
-    switch (r.query) {
-      case QueryFormat::full: {
-        Fp4Term t;
-        t.expanded.resize(d);
-        for (int i = 0; i < d; ++i) t.expanded[i] = round_operand(op.full[i]);
-        t.dequant = t.expanded;
-        op.terms.push_back(std::move(t));
-        break;
-      }
-      case QueryFormat::fp4: op.terms.push_back(quantize_term(op.full, r.kv, nullptr)); break;
-      case QueryFormat::dual_fp4: {
-        std::vector<float> residual;
-        op.terms.push_back(quantize_term(op.full, r.kv, &residual));
-        op.terms.push_back(quantize_term(residual, r.kv, nullptr));
-        break;
-      }
-      case QueryFormat::smooth_fp4: {
-        std::vector<float> x(d);
-        for (int i = 0; i < d; ++i) x[i] = sub_rn(op.full[i], qbar[i]);
-        op.terms.push_back(quantize_term(x, r.kv, nullptr));
-        op.qbar = qbar;
-        break;
-      }
-    }
-  }
-  return ops;
-}
 
 // Running state of one split for one head, in double (log2c: 0, or 3 when the P scaling
 // factor c = 8 is folded into exp2).
 using SplitState = SoftmaxPartial<double>;
-
-// Logit of quantized key `i` of `page`: ((sum_t dot_t * g_t) * g_K) * gamma.
-float page_logit(const QueryOperand& op, const QuantPage& page, int i, float gamma) {
-  const int d = page.d;
-  float acc = 0.0f;
-  for (size_t t = 0; t < op.terms.size(); ++t) {
-    double dot = 0.0;
-    for (int c = 0; c < d; ++c) dot += double(op.terms[t].expanded[c]) * double(page.k_expanded(i, c));
-    const float term = mul_rn(float(dot), op.terms[t].g);
-    acc = t == 0 ? term : add_rn(acc, term);
-  }
-  if (!op.qbar.empty()) {
-    double dot = 0.0;
-    for (int c = 0; c < d; ++c) dot += double(op.qbar[c]) * double(page.k_expanded(i, c));
-    acc = add_rn(acc, float(dot));
-  }
-  return mul_rn(mul_rn(acc, page.k_g), gamma);
-}
 
 void log_hist(PBlockStats& s, float pmax) {
   int bin = 40;
@@ -269,24 +149,14 @@ AttentionOutput exact_attention(const float* q, int G, const float* k, const flo
   res.out.assign(size_t(G) * d, 0.0f);
   res.lse.assign(G, 0.0f);
   const double scale = 1.0 / std::sqrt(double(d));
-  std::vector<double> s(n), o(d);
+  std::vector<double> s(n);
   for (int h = 0; h < G; ++h) {
-    double m = -std::numeric_limits<double>::infinity();
     for (int i = 0; i < n; ++i) {
       double dot = 0.0;
       for (int c = 0; c < d; ++c) dot += double(q[size_t(h) * d + c]) * double(k[size_t(i) * d + c]);
       s[i] = dot * scale;
-      m = std::max(m, s[i]);
     }
-    double l = 0.0;
-    std::fill(o.begin(), o.end(), 0.0);
-    for (int i = 0; i < n; ++i) {
-      const double p = std::exp(s[i] - m);
-      l += p;
-      for (int c = 0; c < d; ++c) o[c] += p * double(v[size_t(i) * d + c]);
-    }
-    for (int c = 0; c < d; ++c) res.out[size_t(h) * d + c] = float(o[c] / l);
-    res.lse[h] = float(m + std::log(l));
+    res.lse[h] = float(exact_softmax_average(s, v, size_t(d), d, &res.out[size_t(h) * d]));
   }
   return res;
 }

@@ -76,6 +76,22 @@ MergedSoftmax merge(std::span<const SoftmaxPartial<T>* const> parts, int d) {
   return r;
 }
 
+// Ground-truth softmax average in double: out[c] = sum_i softmax(s)_i v[i * stride + c] for
+// c < d, natural-log logits s [n] (n >= 1); returns the natural LSE.
+inline double exact_softmax_average(const std::vector<double>& s, const float* v, size_t stride, int d, float* out) {
+  double m = -INFINITY;
+  for (double x : s) m = std::max(m, x);
+  double l = 0.0;
+  std::vector<double> o(size_t(d), 0.0);
+  for (size_t i = 0; i < s.size(); ++i) {
+    const double p = std::exp(s[i] - m);
+    l += p;
+    for (int c = 0; c < d; ++c) o[size_t(c)] += p * double(v[i * stride + size_t(c)]);
+  }
+  for (int c = 0; c < d; ++c) out[c] = float(o[size_t(c)] / l);
+  return m + std::log(l);
+}
+
 // The two-split form (quantized pages + BF16 tokens).
 template <class T>
 MergedSoftmax merge(const SoftmaxPartial<T>& a, const SoftmaxPartial<T>& b, int d) {
