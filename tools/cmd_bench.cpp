@@ -299,7 +299,9 @@ Action add_bench(CLI::App& app) {
   dec->add_option("--svg", a->svg, "SVG plot output")->capture_default_str();
   dec->add_option("--sdpa", a->sdpa, "JSON from bench/sdpa_baseline.py (adds the SDPA column)");
   const Action step = add_bench_step(*cmd);
-  return [a, dec, step] { return dec->parsed() ? run_bench(*a) : step(); };
+  const Action e2e = add_bench_e2e(*cmd);
+  CLI::App* step_cmd = cmd->get_subcommand("step");
+  return [a, dec, step, e2e, step_cmd] { return dec->parsed() ? run_bench(*a) : step_cmd->parsed() ? step() : e2e(); };
 }
 
 }  // namespace fp4kv::cli

@@ -24,6 +24,7 @@
 #include "fp4kv/testing/bench_support.h"
 #include "tools/commands.h"
 #include "tools/csv_args.h"
+#include "tools/step_timing.h"
 
 namespace fp4kv::cli {
 
@@ -43,29 +44,6 @@ struct StepPoint {
   bool ran = false;
 };
 
-// Median of `runs` steps, each bracketed by events on the model's stream.
-double median_step_us(engine::GpuModel& m, const engine::StepRows& rows, int runs) {
-  std::vector<cudaEvent_t> ev(2 * size_t(runs));
-  for (auto& e : ev) cache::cuda_check(cudaEventCreate(&e), "bench step: event");
-  for (int i = 0; i < runs; ++i) {
-    cache::cuda_check(cudaEventRecord(ev[2 * i], m.stream()), "bench step: event");
-    m.step(rows);
-    cache::cuda_check(cudaEventRecord(ev[2 * i + 1], m.stream()), "bench step: event");
-  }
-  m.synchronize();
-  std::vector<float> ms(runs);
-  for (int i = 0; i < runs; ++i) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  return 1e3 * ms[runs / 2];
-}
-
-// Bytes of the cache a point needs (every layer's pool; the slot buffer is small).
-double cache_bytes(const model::Qwen3Config& c, const Recipe& r, int batch, int pages) {
-  const cache::PageLayout L = cache::PageLayout::make(r.kv, c.head_dim);
-  return double(L.bytes) * c.num_key_value_heads * c.num_hidden_layers * double(batch) * pages;
-}
-
 StepPoint run_point(const engine::GpuWeights& w, const std::string& preset, int context, int batch, int runs) {
   StepPoint pt;
   pt.preset = preset;
@@ -77,18 +55,12 @@ StepPoint run_point(const engine::GpuWeights& w, const std::string& preset, int 
   o.max_context = context + cache::kPage;
   const int pages = (o.max_context + cache::kPage - 1) / cache::kPage;
   pt.cache_gb = cache_bytes(w.config(), r, batch, pages) / 1e9;
-  size_t free_bytes = 0, total = 0;
-  cache::cuda_check(cudaMemGetInfo(&free_bytes, &total), "bench step: memory");
-  if (pt.cache_gb * 1e9 > 0.92 * double(free_bytes)) {
+  if (pt.cache_gb * 1e9 > 0.92 * free_device_bytes()) {
     pt.note = "cache of " + std::to_string(pt.cache_gb) + " GB does not fit beside the weights";
     return pt;
   }
   engine::GpuModel m(w, r, nullptr, o);  // random weights: no calibration (keys not smoothed)
-  engine::StepRows rows;
-  rows.tokens.assign(batch, 1);
-  rows.seq_lens.assign(batch, context + 1);
-  rows.block_tables.resize(size_t(batch) * m.max_pages());
-  std::iota(rows.block_tables.begin(), rows.block_tables.end(), 0);
+  const engine::StepRows rows = rows_at(m, batch, context);
   m.fill_random_context(rows, context, 7);
   for (int i = 0; i < 3; ++i) m.step(rows);  // captures the graph
   pt.graph_us = median_step_us(m, rows, runs);

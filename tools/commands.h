@@ -20,6 +20,7 @@ Action add_serve(CLI::App& app);  // `fp4kv serve`: OpenAI-compatible HTTP serve
 #ifdef FP4KV_HAVE_CUDA
 Action add_bench(CLI::App& app);  // `fp4kv bench decode|step` (CUDA builds only)
 Action add_bench_step(CLI::App& bench);  // `fp4kv bench step`: the GPU engine's decode step
+Action add_bench_e2e(CLI::App& bench);   // `fp4kv bench e2e`: TPOT, throughput, capacity
 #endif
 
 }  // namespace fp4kv::cli

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "fp4kv/core/sampling_rule.h"
+
 namespace fp4kv::engine {
 
 class Backend {
@@ -29,6 +31,14 @@ class Backend {
   virtual std::vector<float> decode(const std::vector<uint64_t>& requests, const std::vector<int>& tokens) = 0;
   // Forgets `request`'s state (no-op when it has none).
   virtual void drop(uint64_t request) = 0;
+
+  // decode() then one token per request drawn by the sampling rule with draws[i] (its step
+  // set by the caller). The default draws on the host from decode()'s logits; a backend
+  // whose logits live on a device draws there and copies only the tokens.
+  virtual std::vector<int> decode_and_draw(const std::vector<uint64_t>& requests, const std::vector<int>& tokens,
+                                           const std::vector<SamplingRow>& draws);
+  // prefill() then the token drawn from the last position's logits with `draw`.
+  virtual int prefill_and_draw(uint64_t request, const std::vector<int>& tokens, const SamplingRow& draw);
 };
 
 }  // namespace fp4kv::engine

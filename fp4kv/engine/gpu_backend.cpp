@@ -6,7 +6,17 @@
 
 namespace fp4kv::engine {
 
-GpuBackend::GpuBackend(GpuModel& model) : model_(model), blocks_(model.num_blocks()) {}
+GpuBackend::GpuBackend(GpuModel& model, bool synthetic_prefill)
+    : model_(model), synthetic_prefill_(synthetic_prefill), blocks_(model.num_blocks()) {}
+
+StepRows GpuBackend::table_of(uint64_t request) const {
+  const std::vector<int>& held = blocks_.blocks(request);
+  StepRows rows;
+  for (int p = 0; p < model_.max_pages(); ++p) rows.block_tables.push_back(p < int(held.size()) ? held[p] : held[0]);
+  rows.tokens = {0};
+  rows.seq_lens = {1};
+  return rows;
+}
 
 void GpuBackend::add_row(uint64_t request, int token, StepRows& rows) {
   int& length = lengths_[request];
@@ -22,16 +32,49 @@ void GpuBackend::add_row(uint64_t request, int token, StepRows& rows) {
 }
 
 std::vector<float> GpuBackend::prefill(uint64_t request, const std::vector<int>& tokens) {
+  run_prefill(request, tokens);
+  return model_.read_logits();
+}
+
+int GpuBackend::prefill_and_draw(uint64_t request, const std::vector<int>& tokens, const SamplingRow& draw) {
+  run_prefill(request, tokens);
+  return model_.sample({draw})[0];
+}
+
+std::vector<float> GpuBackend::decode(const std::vector<uint64_t>& requests, const std::vector<int>& tokens) {
+  run_decode(requests, tokens);
+  return model_.read_logits();
+}
+
+std::vector<int> GpuBackend::decode_and_draw(const std::vector<uint64_t>& requests, const std::vector<int>& tokens,
+                                             const std::vector<SamplingRow>& draws) {
+  run_decode(requests, tokens);
+  const std::vector<int32_t> drawn = model_.sample(draws);
+  return std::vector<int>(drawn.begin(), drawn.end());
+}
+
+void GpuBackend::run_prefill(uint64_t request, const std::vector<int>& tokens) {
   require(!tokens.empty(), "GpuBackend::prefill: no tokens");
+  if (synthetic_prefill_ && tokens.size() > 1) {
+    const int first = lengths_[request], count = int(tokens.size()) - 1;
+    require((long long)first + count < model_.options().max_context,
+            "GpuBackend: request " + std::to_string(request) + " would pass the engine's max_context");
+    blocks_.reserve(request, first + count);
+    model_.fill_random_tokens(table_of(request), first, count, request);
+    lengths_[request] = first + count;
+    StepRows rows;
+    add_row(request, tokens.back(), rows);
+    model_.step(rows);
+    return;
+  }
   for (int token : tokens) {
     StepRows rows;
     add_row(request, token, rows);
     model_.step(rows);
   }
-  return model_.read_logits();
 }
 
-std::vector<float> GpuBackend::decode(const std::vector<uint64_t>& requests, const std::vector<int>& tokens) {
+void GpuBackend::run_decode(const std::vector<uint64_t>& requests, const std::vector<int>& tokens) {
   require(requests.size() == tokens.size() && !requests.empty(),
           "GpuBackend::decode: one token per request, at least one request");
   StepRows rows;
@@ -41,7 +84,6 @@ std::vector<float> GpuBackend::decode(const std::vector<uint64_t>& requests, con
     add_row(requests[i], tokens[i], rows);
   }
   model_.step(rows);
-  return model_.read_logits();
 }
 
 void GpuBackend::drop(uint64_t request) {

@@ -20,8 +20,12 @@ namespace fp4kv::engine {
 
 class GpuBackend : public Backend {
  public:
-  // `model` must outlive the backend.
-  explicit GpuBackend(GpuModel& model);
+  // `model` must outlive the backend. With `synthetic_prefill` (benchmarks only: `fp4kv bench
+  // e2e`), a prefill chunk's tokens but the last get random K/V written straight into the
+  // cache through its real quantization path (GpuModel::fill_random_tokens) instead of their
+  // forward passes; the last token runs as a real step, so decoding, the block pool, the
+  // slots and preemption behave as in serving. The generated text is then noise.
+  explicit GpuBackend(GpuModel& model, bool synthetic_prefill = false);
 
   int vocab_size() const override { return model_.config().vocab_size; }
   bool is_eos(int token) const override { return model_.config().is_eos(token); }
@@ -29,15 +33,26 @@ class GpuBackend : public Backend {
   std::vector<float> prefill(uint64_t request, const std::vector<int>& tokens) override;
   std::vector<float> decode(const std::vector<uint64_t>& requests, const std::vector<int>& tokens) override;
   void drop(uint64_t request) override;
+  // The same steps, the tokens drawn on the GPU (ops/sampling.h: the rule of the host
+  // sampler, so the same tokens), only the tokens copied back.
+  std::vector<int> decode_and_draw(const std::vector<uint64_t>& requests, const std::vector<int>& tokens,
+                                   const std::vector<SamplingRow>& draws) override;
+  int prefill_and_draw(uint64_t request, const std::vector<int>& tokens, const SamplingRow& draw) override;
 
   int live_requests() const { return int(lengths_.size()); }
   const BlockAllocator& blocks() const { return blocks_; }
 
  private:
+  // Feeds the steps of prefill/decode without reading anything back.
+  void run_prefill(uint64_t request, const std::vector<int>& tokens);
+  void run_decode(const std::vector<uint64_t>& requests, const std::vector<int>& tokens);
   // Reserves the block for one more token of `request` and appends its row to `rows`.
   void add_row(uint64_t request, int token, StepRows& rows);
+  // The one-row step rows of `request` (its block table; token and length not set).
+  StepRows table_of(uint64_t request) const;
 
   GpuModel& model_;
+  bool synthetic_prefill_ = false;
   BlockAllocator blocks_;
   std::unordered_map<uint64_t, int> lengths_;  // tokens fed to each live request
 };

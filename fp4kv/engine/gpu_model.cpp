@@ -261,7 +261,7 @@ void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
   r.error_flags = a.flags;
   ops::qk_norm_rope(r, stream_);
   mark(StepPart::other);
-  cache_->append(l, a.k, a.v, stream_);
+  if (cache_updates_) cache_->append(l, a.k, a.v, stream_);
   mark(StepPart::cache);
   attention_->run(attention::step_of(*cache_, a.block_tables, a.seq_lens, B), attention::layer_view(*cache_, l), a.q,
                   a.attn, nullptr, stream_);
@@ -283,12 +283,12 @@ void GpuModel::enqueue_step(int B) {
   Activations& a = *act_;
   const Gemms& g = gemms_for(B);
   mark(StepPart::other);  // the start
-  cache_->begin_step(a.block_tables, a.seq_lens, B, max_pages(), stream_);
+  if (cache_updates_) cache_->begin_step(a.block_tables, a.seq_lens, B, max_pages(), stream_);
   mark(StepPart::cache);
   ops::embedding_gather({a.tokens, B, weights_.embed(), c.vocab_size, c.hidden_size, a.x, a.flags}, stream_);
   mark(StepPart::other);
   for (int l = 0; l < c.num_hidden_layers; ++l) enqueue_layer(l, B, g);
-  cache_->end_step(stream_);
+  if (cache_updates_) cache_->end_step(stream_);
   mark(StepPart::cache);
   ops::add_rms_norm({a.x, a.delta, weights_.final_norm(), a.h, B, c.hidden_size, float(c.rms_norm_eps)}, stream_);
   mark(StepPart::other);
@@ -333,32 +333,36 @@ StepProfile GpuModel::profile_step(const StepRows& rows) {
   return p;
 }
 
-void GpuModel::fill_random_context(const StepRows& rows, int context, uint64_t seed) {
-  require(context >= 1 && context < options_.max_context,
-          "GpuModel::fill_random_context: context " + std::to_string(context) + " outside [1, max_context = " +
-              std::to_string(options_.max_context) + ")");
+void GpuModel::fill_random_tokens(const StepRows& rows, int first, int count, uint64_t seed, int chunk) {
+  require(first >= 0 && count >= 1 && (long long)first + count < options_.max_context,
+          "GpuModel::fill_random_tokens: tokens [" + std::to_string(first) + ", " + std::to_string((long long)first + count) +
+              ") outside [0, max_context = " + std::to_string(options_.max_context) + ")");
+  require(chunk >= 1, "GpuModel::fill_random_tokens: chunk must be positive");
   StepRows probe = rows;
-  probe.seq_lens.assign(rows.batch(), context);
+  probe.seq_lens.assign(rows.batch(), first + count);
   probe.tokens.assign(rows.batch(), 0);
   check_rows(probe);
   upload(probe);
   const model::Qwen3Config& c = config();
-  constexpr int kChunk = 4096;
-  const int chunk = std::min(context, kChunk);
-  const size_t elems = size_t(chunk) * c.num_key_value_heads * c.head_dim;
+  const int step = std::min(count, chunk);
+  const size_t row = size_t(c.num_key_value_heads) * c.head_dim;
   std::vector<void*> owned;
-  float* k = device_array<float>(elems, owned, "fill k");
-  float* v = device_array<float>(elems, owned, "fill v");
+  float* k = device_array<float>(size_t(step) * row, owned, "fill k");
+  float* v = device_array<float>(size_t(step) * row, owned, "fill v");
+  // Keys and values of unit scale: what QK-norm'd keys and BF16 values look like to the
+  // quantizer (the speed of the path does not depend on the values).
+  constexpr float kAmplitude = 1.7320508f;
   try {
-    // Keys and values of unit scale: what QK-norm'd keys and BF16 values look like to the
-    // quantizer (the speed of the path does not depend on the values).
-    fill_random_floats(k, elems, seed, 1.7320508f, stream_);
-    fill_random_floats(v, elems, seed + 1, 1.7320508f, stream_);
     for (int r = 0; r < rows.batch(); ++r) {
       const int32_t* block_row = act_->block_tables + size_t(r) * max_pages();
-      for (int t0 = 0; t0 < context; t0 += chunk) {
-        const int n = std::min(chunk, context - t0);
-        for (int l = 0; l < c.num_hidden_layers; ++l) cache_->prefill(l, block_row, t0, n, k, v, stream_);
+      for (int t0 = first; t0 < first + count; t0 += step) {
+        const int n = std::min(step, first + count - t0);
+        for (int l = 0; l < c.num_hidden_layers; ++l) {
+          const uint64_t layer_seed = seed * 0x9E3779B97F4A7C15ull + uint64_t(l) * 2;
+          fill_random_floats(k, size_t(n) * row, layer_seed, kAmplitude, stream_, size_t(t0) * row);
+          fill_random_floats(v, size_t(n) * row, layer_seed + 1, kAmplitude, stream_, size_t(t0) * row);
+          cache_->prefill(l, block_row, t0, n, k, v, stream_);
+        }
       }
     }
     synchronize();
@@ -381,7 +385,8 @@ void GpuModel::step(const StepRows& rows) {
     enqueue_step(B);
     return;
   }
-  auto it = graphs_.find(B);
+  const int key = B * 2 + (cache_updates_ ? 1 : 0);
+  auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     cudaGraph_t graph = nullptr;
     cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "GpuModel: begin capture");
@@ -397,7 +402,7 @@ void GpuModel::step(const StepRows& rows) {
     const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     cuda_check(e, "GpuModel: instantiate the step graph");
-    it = graphs_.emplace(B, exec).first;
+    it = graphs_.emplace(key, exec).first;
   }
   cuda_check(cudaGraphLaunch(it->second, stream_), "GpuModel: graph launch");
   last_replayed_ = true;

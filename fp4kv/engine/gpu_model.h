@@ -88,10 +88,17 @@ class GpuModel {
   // Runs the step of `rows` eagerly with a CUDA event after every op and returns the time of
   // each part (synchronizes). For benchmarks: the events add a little time of their own.
   StepProfile profile_step(const StepRows& rows);
-  // Speed work without a real prompt: writes `context` tokens of random K and V (uniform,
-  // through the cache's real prefill and quantization path) into every layer for each row of
-  // `rows` (its block table; tokens and seq_lens are ignored). Synchronizes.
-  void fill_random_context(const StepRows& rows, int context, uint64_t seed);
+  // Speed work without a real prompt: writes tokens [first, first + count) of random K and V
+  // (uniform, a function of (seed, layer, absolute position): the same cache bytes however
+  // the range is cut into chunks) through the cache's real prefill and quantization path,
+  // into every layer, for each row of `rows` (its block table; tokens and seq_lens are
+  // ignored), in chunks of at most `chunk` tokens. Synchronizes.
+  void fill_random_tokens(const StepRows& rows, int first, int count, uint64_t seed, int chunk = 4096);
+  void fill_random_context(const StepRows& rows, int context, uint64_t seed) { fill_random_tokens(rows, 0, context, seed); }
+  // Turns the cache's own work of a step (control kernel, append, promotion) off or on, for
+  // measuring what it costs (`fp4kv bench e2e`): with it off, a step replays the plan of the
+  // previous step of the same rows and writes nothing to the cache. Never off in serving.
+  void set_cache_updates(bool on) { cache_updates_ = on; }
   // Frees the BF16 slot of the request whose first block is `first_block` (asynchronous).
   void release(int32_t first_block);
   // Turns graph capture/replay on or off for later steps (eager steps for comparison).
@@ -134,7 +141,8 @@ class GpuModel {
   std::unique_ptr<Activations> act_;
   std::unique_ptr<Staging> staging_;
   std::map<int, std::unique_ptr<Gemms>> gemms_;
-  std::map<int, cudaGraphExec_t> graphs_;
+  std::map<int, cudaGraphExec_t> graphs_;  // key: batch * 2 + (cache updates on)
+  bool cache_updates_ = true;
   cudaEvent_t uploaded_ = nullptr;  // the last step's host-to-device copies are done
   int last_batch_ = 0;
   bool last_replayed_ = false;

@@ -54,9 +54,9 @@ __global__ void fill_random_kernel(__nv_bfloat16* out, size_t n, uint64_t seed, 
     out[i] = __float2bfloat16(uniform_symmetric(seed, i, amplitude));
 }
 
-__global__ void fill_random_float_kernel(float* out, size_t n, uint64_t seed, float amplitude) {
+__global__ void fill_random_float_kernel(float* out, size_t n, uint64_t seed, float amplitude, size_t first) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    out[i] = uniform_symmetric(seed, i, amplitude);
+    out[i] = uniform_symmetric(seed, first + i, amplitude);
 }
 
 __global__ void fill_value_kernel(__nv_bfloat16* out, size_t n, float value) {
@@ -90,8 +90,8 @@ void upload(const model::SafetensorsArchive& archive, const std::string& name, c
 
 }  // namespace
 
-void fill_random_floats(float* out, size_t n, uint64_t seed, float amplitude, cudaStream_t stream) {
-  fill_random_float_kernel<<<1024, 256, 0, stream>>>(out, n, seed, amplitude);
+void fill_random_floats(float* out, size_t n, uint64_t seed, float amplitude, cudaStream_t stream, size_t first) {
+  fill_random_float_kernel<<<1024, 256, 0, stream>>>(out, n, seed, amplitude, first);
   cache::cuda_check_launch("fill_random_floats");
 }
 
@@ -192,7 +192,11 @@ GpuWeights GpuWeights::load(const std::string& dir) {
   return w;
 }
 
-GpuWeights GpuWeights::random(const model::Qwen3Config& config, uint64_t seed) {
+GpuWeights GpuWeights::random(const model::Qwen3Config& shape, uint64_t seed) {
+  // Speed work only: no position limit (contexts past the checkpoint's trained length, up to
+  // the 1M-token runs of `fp4kv bench e2e`).
+  model::Qwen3Config config = shape;
+  config.max_position_embeddings = 0;
   GpuWeights w(config);
   w.random_ = true;
   const LayerSizes ls = layer_sizes(config);

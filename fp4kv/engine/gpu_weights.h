@@ -32,9 +32,10 @@ model::Qwen3Config known_shape(const std::string& name);
 // "NAME:random" -> true and *shape = NAME; anything else -> false.
 bool is_random_model_spec(const std::string& spec, std::string* shape);
 
-// n uniform floats in [-amplitude, amplitude) from `seed` on the device (random weights,
-// random cache contents for speed work).
-void fill_random_floats(float* out, size_t n, uint64_t seed, float amplitude, cudaStream_t stream);
+// out[i] = uniform in [-amplitude, amplitude), a hash of (seed, first + i), on the device
+// (random weights, random cache contents for speed work): element first + i has the same
+// value however a tensor is cut into calls.
+void fill_random_floats(float* out, size_t n, uint64_t seed, float amplitude, cudaStream_t stream, size_t first = 0);
 
 struct GpuLayerWeights {
   const __nv_bfloat16* input_norm = nullptr;  // [hidden]
@@ -53,7 +54,8 @@ class GpuWeights {
   // fp4kv::Error naming a missing tensor or a wrong shape, or the failed CUDA call.
   static GpuWeights load(const std::string& dir);
   // Random weights of `config`'s shape (uniform, std 0.02; norms 1), drawn on the device
-  // from `seed`.
+  // from `seed`. Their config has no position limit (max_position_embeddings 0): speed work
+  // runs them at any context.
   static GpuWeights random(const model::Qwen3Config& config, uint64_t seed);
   // `spec` is a checkpoint directory or NAME:random.
   static GpuWeights from_spec(const std::string& spec, uint64_t seed = 1);

@@ -185,10 +185,13 @@ static size_t first_stop(const std::string& text, const std::vector<std::string>
   return best;
 }
 
-void Scheduler::draw(Sequence& s, const float* logits, std::vector<Emitted>& out) {
+SamplingRow Scheduler::next_draw(const Sequence& s) {
   SamplingRow row = s.spec.sampling;
   row.step = uint64_t(s.generated.size());
-  const int token = ref::sample_token(logits, backend_.vocab_size(), row);
+  return row;
+}
+
+void Scheduler::take(Sequence& s, int token, std::vector<Emitted>& out) {
   const size_t text_before = s.text.size();
   s.generated.push_back(token);
   s.text = detokenize_(s.generated);
@@ -223,25 +226,32 @@ void Scheduler::execute(const Plan& plan, std::vector<Emitted>& out) {
   if (!plan.decode.empty()) {
     std::vector<uint64_t> ids;
     std::vector<int> tokens;
+    std::vector<SamplingRow> draws;
     for (const Sequence* s : plan.decode) {
       ids.push_back(s->id);
       tokens.push_back(s->token_at(s->fed));
+      draws.push_back(next_draw(*s));
     }
-    const std::vector<float> rows = backend_.decode(ids, tokens);
-    const size_t vocab = size_t(backend_.vocab_size());
+    const std::vector<int> drawn = backend_.decode_and_draw(ids, tokens, draws);
     for (size_t i = 0; i < plan.decode.size(); ++i) {
       ++plan.decode[i]->fed;
-      draw(*plan.decode[i], rows.data() + i * vocab, out);
+      take(*plan.decode[i], drawn[i], out);
     }
     counters_.fed_tokens += (long long)plan.decode.size();
   }
   for (const auto& [s, n] : plan.chunks) {
     std::vector<int> tokens;
     for (int i = 0; i < n; ++i) tokens.push_back(s->token_at(s->fed + i));
-    const std::vector<float> logits = backend_.prefill(s->id, tokens);
+    const bool last = s->left() == n;  // the chunk ends the tokens to feed: draw the next one
+    int token = -1;
+    if (last) {
+      token = backend_.prefill_and_draw(s->id, tokens, next_draw(*s));
+    } else {
+      backend_.prefill(s->id, tokens);
+    }
     s->fed += n;
     counters_.fed_tokens += n;
-    if (s->left() == 0) draw(*s, logits.data(), out);
+    if (last) take(*s, token, out);
   }
 }
 

@@ -110,7 +110,10 @@ class Scheduler {
   void plan_prefills(Plan& plan);
   void admit(Plan& plan);
   void execute(const Plan& plan, std::vector<Emitted>& out);
-  void draw(Sequence& s, const float* logits, std::vector<Emitted>& out);
+  // The sampling row of `s`'s next token (its step = the token's index in the generation).
+  static SamplingRow next_draw(const Sequence& s);
+  // Appends the drawn `token` to `s`, emitting and finishing as it says.
+  void take(Sequence& s, int token, std::vector<Emitted>& out);
   void retire(Sequence& s, FinishReason reason, std::vector<Emitted>& out);
   void emit_ready(Sequence& s, Emitted& e);
 

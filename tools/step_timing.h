@@ -1,0 +1,59 @@
+// What `fp4kv bench step` and `fp4kv bench e2e` share: the median time of a GPU engine step,
+// the rows of requests that own consecutive blocks, and the bytes a cache of pages takes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "fp4kv/cache/cuda_check.h"
+#include "fp4kv/cache/layout.h"
+#include "fp4kv/core/recipe.h"
+#include "fp4kv/engine/gpu_model.h"
+
+namespace fp4kv::cli {
+
+// Median of `runs` steps of `rows`, each bracketed by CUDA events on the model's stream.
+inline double median_step_us(engine::GpuModel& m, const engine::StepRows& rows, int runs) {
+  std::vector<cudaEvent_t> ev(2 * size_t(runs));
+  for (auto& e : ev) cache::cuda_check(cudaEventCreate(&e), "bench: event");
+  for (int i = 0; i < runs; ++i) {
+    cache::cuda_check(cudaEventRecord(ev[2 * i], m.stream()), "bench: event");
+    m.step(rows);
+    cache::cuda_check(cudaEventRecord(ev[2 * i + 1], m.stream()), "bench: event");
+  }
+  m.synchronize();
+  std::vector<float> ms(runs);
+  for (int i = 0; i < runs; ++i) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  return 1e3 * ms[runs / 2];
+}
+
+// `batch` requests at `context` tokens each, request r owning blocks [r * pages, (r + 1) * pages);
+// each row feeds token 1 at position `context` (seq_len context + 1).
+inline engine::StepRows rows_at(const engine::GpuModel& m, int batch, int context) {
+  engine::StepRows rows;
+  rows.tokens.assign(batch, 1);
+  rows.seq_lens.assign(batch, context + 1);
+  rows.block_tables.resize(size_t(batch) * m.max_pages());
+  std::iota(rows.block_tables.begin(), rows.block_tables.end(), 0);
+  return rows;
+}
+
+// Bytes of `pages` cache pages of every layer and KV head for `batch` requests.
+inline double cache_bytes(const model::Qwen3Config& c, const Recipe& r, int batch, long long pages) {
+  const cache::PageLayout L = cache::PageLayout::make(r.kv, c.head_dim);
+  return double(L.bytes) * c.num_key_value_heads * c.num_hidden_layers * double(batch) * double(pages);
+}
+
+// Free device memory now.
+inline double free_device_bytes() {
+  size_t free_bytes = 0, total = 0;
+  cache::cuda_check(cudaMemGetInfo(&free_bytes, &total), "bench: memory");
+  return double(free_bytes);
+}
+
+}  // namespace fp4kv::cli
