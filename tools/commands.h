@@ -16,6 +16,7 @@ Action add_generate(CLI::App& app);  // `fp4kv generate`: prompt -> streamed tok
 Action add_bench_report(CLI::App& app);  // `fp4kv bench-report`: render a decode sweep's JSON
 #ifdef FP4KV_HAVE_HTTPLIB
 Action add_serve(CLI::App& app);  // `fp4kv serve`: OpenAI-compatible HTTP server (with cpp-httplib)
+Action add_load_test(CLI::App& app);  // `fp4kv load-test`: load run / soak against a server
 #endif
 #ifdef FP4KV_HAVE_CUDA
 Action add_bench(CLI::App& app);  // `fp4kv bench decode|step` (CUDA builds only)

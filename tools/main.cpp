@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   add(fp4kv::cli::add_bench_report);
 #ifdef FP4KV_HAVE_HTTPLIB
   add(fp4kv::cli::add_serve);
+  add(fp4kv::cli::add_load_test);
 #endif
 #ifdef FP4KV_HAVE_CUDA
   add(fp4kv::cli::add_bench);

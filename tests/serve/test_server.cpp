@@ -20,6 +20,7 @@
 #include "fp4kv/eval/model_attention.h"
 #include "fp4kv/model/byte_tokenizer.h"
 #include "fp4kv/serve/cpu_engine.h"
+#include "fp4kv/serve/load_client.h"
 #include "fp4kv/serve/server.h"
 
 namespace fp4kv::serve {
@@ -63,6 +64,7 @@ class RunningServer {
     return c;
   }
   HttpServer& server() { return *server_; }
+  int port() const { return port_; }
   CpuServing& serving() { return serving_; }
 
  private:
@@ -133,13 +135,7 @@ void post_streaming(httplib::Client& c, const json& body, std::function<bool(con
   c.send(req, res, err);
 }
 
-double metric(httplib::Client& c, const std::string& name) {
-  auto r = c.Get("/metrics");
-  if (!r || r->status != 200) return -1;
-  const size_t at = r->body.find("\n" + name + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(r->body.substr(at + name.size() + 2));
-}
+double metric(const RunningServer& s, const std::string& name) { return server_metric("127.0.0.1", s.port(), name); }
 
 TEST(Server, CompletionEqualsGenerationAlone) {
   RunningServer s;
@@ -178,15 +174,20 @@ TEST(Server, StreamConcatenatesToTheWholeText) {
   EXPECT_NE(r->body.find("\"usage\""), std::string::npos);
 }
 
-TEST(Server, ConcurrentClientsShareTheBatch) {
+// 16 clients at once (half streaming, half sampled), each receiving its own request's text,
+// equal to that request run alone: no mixing of streams in the shared batch.
+TEST(Server, SixteenConcurrentClientsEachGetTheirOwnStream) {
   RunningServer s;
-  const std::vector<std::string> prompts = {"abc", "Hello there", "1 2 3 4", "To be or", "xyz", "Once"};
-  std::vector<std::string> got(prompts.size());
+  const std::vector<std::string> seeds = {"abc", "Hello there", "1 2 3 4", "To be or", "xyz", "Once", "The cat",
+                                          "In the"};
+  constexpr int kClients = 16;
+  std::vector<std::string> prompts, got(kClients);
+  for (int i = 0; i < kClients; ++i) prompts.push_back(seeds[i % seeds.size()] + std::string(i / 8, '!'));
   std::vector<std::thread> clients;
-  for (size_t i = 0; i < prompts.size(); ++i)
+  for (int i = 0; i < kClients; ++i)
     clients.emplace_back([&, i] {
       httplib::Client c = s.client();
-      json body = request(prompts[i], 6 + int(i), i % 2 ? 0.7f : 0.0f, 11 + i);
+      json body = request(prompts[i], 4 + i % 5, i % 2 ? 0.7f : 0.0f, 11 + i);
       if (i % 2) body["stream"] = true;
       auto r = c.Post("/v1/completions", body.dump(), "application/json");
       if (!r || r->status != 200) return;
@@ -194,11 +195,57 @@ TEST(Server, ConcurrentClientsShareTheBatch) {
       got[i] = i % 2 ? sse_text(r->body, &done) : json::parse(r->body)["choices"][0]["text"].get<std::string>();
     });
   for (std::thread& t : clients) t.join();
-  for (size_t i = 0; i < prompts.size(); ++i)
-    EXPECT_EQ(got[i], alone(s.serving(), prompts[i], 6 + int(i), i % 2 ? 0.7f : 0.0f, 11 + i)) << prompts[i];
+  for (int i = 0; i < kClients; ++i)
+    EXPECT_EQ(got[i], alone(s.serving(), prompts[i], 4 + i % 5, i % 2 ? 0.7f : 0.0f, 11 + i)) << prompts[i];
   s.stop();
   s.serving().engine->check_blocks();
   EXPECT_EQ(s.serving().engine->counters().blocks_used, 0);
+}
+
+// curl, the client users reach for first: a streamed completion through it has the text of
+// the request run alone.
+TEST(Server, CurlStreamsACompletion) {
+  if (std::system("curl --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "curl is not installed";
+  RunningServer s;
+  const std::string body = request("Hello", 8).dump();
+  json streamed = json::parse(body);
+  streamed["stream"] = true;
+  const std::string cmd = "curl -sN --max-time 120 -H 'Content-Type: application/json' -d '" + streamed.dump() +
+                          "' http://127.0.0.1:" + std::to_string(s.port()) + "/v1/completions";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_TRUE(p);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  EXPECT_EQ(pclose(p), 0);
+  bool done = false;
+  EXPECT_EQ(sse_text(out, &done), alone(s.serving(), "Hello", 8, 0, 0)) << out;
+  EXPECT_TRUE(done) << out;
+}
+
+// A bounded soak through the load generator (serve/load_client.h): 16 clients x 4 streams,
+// a quarter abandoned by their client after the first event; every other stream completes,
+// none fails, and the server ends with no running request and no KV block in use.
+TEST(Server, LoadRunWithLeavingClientsEndsWithNoBlocksInUse) {
+  RunningServer s;
+  LoadOptions o;
+  o.port = s.port();
+  o.clients = 16;
+  o.requests_per_client = 4;
+  o.max_tokens = 6;
+  o.cancel_fraction = 0.25;
+  o.seed = 5;
+  const LoadReport rep = run_load(o);
+  std::printf("%s", rep.table().c_str());
+  EXPECT_EQ(rep.sent, 64);
+  EXPECT_EQ(rep.failed, 0) << rep.table();
+  EXPECT_EQ(rep.completed + rep.cancelled, rep.sent);
+  EXPECT_GT(rep.cancelled, 0);
+  EXPECT_GT(rep.completed, 0);
+  EXPECT_EQ(rep.running_after, 0);
+  EXPECT_EQ(rep.blocks_used_after, 0);
+  s.stop();
+  s.serving().engine->check_blocks();
 }
 
 TEST(Server, ErrorsAreJsonWithTheirStatus) {
@@ -222,7 +269,7 @@ TEST(Server, ErrorsAreJsonWithTheirStatus) {
   expect_error(c.Post("/v1/completions", std::string(kMaxBodyBytes + 1, ' '), "application/json"), 413);
   // Still serving, nothing leaked.
   EXPECT_EQ(post_json(c, request("ok", 2))["choices"].size(), 1u);
-  EXPECT_EQ(metric(c, "fp4kv_kv_blocks_used"), 0);
+  EXPECT_EQ(metric(s, "fp4kv_kv_blocks_used"), 0);
 }
 
 TEST(Server, ApiKeyIsRequiredOnTheApi) {
@@ -248,16 +295,15 @@ TEST(Server, ClientLeavingMidStreamFreesItsBlocks) {
   int chunks = 0;
   post_streaming(c, body, [&chunks](const char*, size_t) { return ++chunks < 2; });  // leave after 2 reads
   EXPECT_GE(chunks, 1);
-  httplib::Client m = s.client();
   int polls = 0;
   while (polls++ < kMaxPolls &&
-         (metric(m, "fp4kv_client_disconnects_total") < 1 || metric(m, "fp4kv_requests_running") != 0 ||
-          metric(m, "fp4kv_kv_blocks_used") != 0))
+         (metric(s, "fp4kv_client_disconnects_total") < 1 || metric(s, "fp4kv_requests_running") != 0 ||
+          metric(s, "fp4kv_kv_blocks_used") != 0))
     std::this_thread::sleep_for(kPollPause);
-  EXPECT_EQ(metric(m, "fp4kv_client_disconnects_total"), 1);
-  EXPECT_EQ(metric(m, "fp4kv_requests_running"), 0);
-  EXPECT_EQ(metric(m, "fp4kv_kv_blocks_used"), 0);
-  EXPECT_LT(metric(m, "fp4kv_generation_tokens_total"), kLongRequestTokens);
+  EXPECT_EQ(metric(s, "fp4kv_client_disconnects_total"), 1);
+  EXPECT_EQ(metric(s, "fp4kv_requests_running"), 0);
+  EXPECT_EQ(metric(s, "fp4kv_kv_blocks_used"), 0);
+  EXPECT_LT(metric(s, "fp4kv_generation_tokens_total"), kLongRequestTokens);
 }
 
 TEST(Server, ShutdownEndsRunningStreams) {
