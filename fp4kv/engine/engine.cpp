@@ -24,6 +24,7 @@ uint64_t Engine::submit(std::vector<int> prompt, RequestParams params) {
   spec.max_tokens = params.max_tokens;
   spec.stop = std::move(params.stop);
   spec.stop_at_eos = params.stop_at_eos;
+  spec.logprobs = params.logprobs;
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t id = next_id_;
   if (spec.sampling.request_id == 0) spec.sampling.request_id = id;
@@ -68,6 +69,8 @@ StreamChunk Engine::next(uint64_t id, std::chrono::milliseconds timeout) {
   }
   chunk.tokens = std::move(it->second.tokens);
   it->second.tokens.clear();
+  chunk.logprobs = std::move(it->second.logprobs);
+  it->second.logprobs.clear();
   chunk.finished = it->second.finished;
   if (chunk.finished != FinishReason::none) streams_.erase(it);
   return chunk;
@@ -94,6 +97,7 @@ void Engine::publish(const std::vector<Emitted>& emitted) {
     const auto it = streams_.find(e.id);
     if (it == streams_.end()) continue;
     it->second.tokens.insert(it->second.tokens.end(), e.tokens.begin(), e.tokens.end());
+    it->second.logprobs.insert(it->second.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
     if (e.finished != FinishReason::none) it->second.finished = e.finished;
   }
   counters_ = scheduler_->counters();

@@ -33,6 +33,7 @@ struct RequestParams {
   int max_tokens = 64;
   std::vector<std::string> stop;
   bool stop_at_eos = true;
+  int logprobs = -1;              // -1: none; 0..kMaxTopLogprobs (backend.h): per token, with alternatives
 };
 
 // Text to token ids and back (model/byte_tokenizer.h's encode_bytes/decode_bytes for pk8l).
@@ -44,6 +45,7 @@ struct TextCodec {
 // A stream read: tokens emitted since the last read; finished != none ends the stream.
 struct StreamChunk {
   std::vector<int> tokens;
+  std::vector<TokenLogprobs> logprobs;  // one per token when the request asked for them
   FinishReason finished = FinishReason::none;
   bool timed_out = false;  // nothing arrived within the timeout
 };
@@ -78,6 +80,7 @@ class Engine {
  private:
   struct Stream {
     std::vector<int> tokens;
+    std::vector<TokenLogprobs> logprobs;
     FinishReason finished = FinishReason::none;
   };
   bool take_inbox();

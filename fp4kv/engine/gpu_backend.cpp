@@ -36,9 +36,29 @@ std::vector<float> GpuBackend::prefill(uint64_t request, const std::vector<int>&
   return model_.read_logits();
 }
 
-int GpuBackend::prefill_and_draw(uint64_t request, const std::vector<int>& tokens, const SamplingRow& draw) {
+TokenDraw GpuBackend::prefill_and_draw(uint64_t request, const std::vector<int>& tokens, const DrawSpec& draw) {
   run_prefill(request, tokens);
-  return model_.sample({draw})[0];
+  return draw_last_step({draw})[0];
+}
+
+std::vector<TokenDraw> GpuBackend::draw_last_step(const std::vector<DrawSpec>& draws) {
+  std::vector<SamplingRow> rows;
+  bool want_logprobs = false;
+  for (const DrawSpec& d : draws) {
+    rows.push_back(d.sampling);
+    want_logprobs |= d.logprobs >= 0;
+  }
+  const std::vector<int32_t> drawn = model_.sample(rows);
+  std::vector<TokenDraw> out(draws.size());
+  std::vector<float> logits;
+  if (want_logprobs) logits = model_.read_logits();
+  const int vocab = vocab_size();
+  for (size_t i = 0; i < draws.size(); ++i) {
+    out[i].token = drawn[i];
+    if (draws[i].logprobs >= 0)
+      out[i].logprobs = token_logprobs(logits.data() + i * size_t(vocab), vocab, drawn[i], draws[i].logprobs);
+  }
+  return out;
 }
 
 std::vector<float> GpuBackend::decode(const std::vector<uint64_t>& requests, const std::vector<int>& tokens) {
@@ -46,11 +66,10 @@ std::vector<float> GpuBackend::decode(const std::vector<uint64_t>& requests, con
   return model_.read_logits();
 }
 
-std::vector<int> GpuBackend::decode_and_draw(const std::vector<uint64_t>& requests, const std::vector<int>& tokens,
-                                             const std::vector<SamplingRow>& draws) {
+std::vector<TokenDraw> GpuBackend::decode_and_draw(const std::vector<uint64_t>& requests, const std::vector<int>& tokens,
+                                                   const std::vector<DrawSpec>& draws) {
   run_decode(requests, tokens);
-  const std::vector<int32_t> drawn = model_.sample(draws);
-  return std::vector<int>(drawn.begin(), drawn.end());
+  return draw_last_step(draws);
 }
 
 void GpuBackend::run_prefill(uint64_t request, const std::vector<int>& tokens) {

@@ -35,14 +35,17 @@ class GpuBackend : public Backend {
   void drop(uint64_t request) override;
   // The same steps, the tokens drawn on the GPU (ops/sampling.h: the rule of the host
   // sampler, so the same tokens), only the tokens copied back.
-  std::vector<int> decode_and_draw(const std::vector<uint64_t>& requests, const std::vector<int>& tokens,
-                                   const std::vector<SamplingRow>& draws) override;
-  int prefill_and_draw(uint64_t request, const std::vector<int>& tokens, const SamplingRow& draw) override;
+  std::vector<TokenDraw> decode_and_draw(const std::vector<uint64_t>& requests, const std::vector<int>& tokens,
+                                         const std::vector<DrawSpec>& draws) override;
+  TokenDraw prefill_and_draw(uint64_t request, const std::vector<int>& tokens, const DrawSpec& draw) override;
 
   int live_requests() const { return int(lengths_.size()); }
   const BlockAllocator& blocks() const { return blocks_; }
 
  private:
+  // Draws the last step's tokens on the GPU; copies the logits too when a row asks for
+  // log-probabilities.
+  std::vector<TokenDraw> draw_last_step(const std::vector<DrawSpec>& draws);
   // Feeds the steps of prefill/decode without reading anything back.
   void run_prefill(uint64_t request, const std::vector<int>& tokens);
   void run_decode(const std::vector<uint64_t>& requests, const std::vector<int>& tokens);

@@ -13,6 +13,7 @@ struct Scheduler::Sequence {
   uint64_t id = 0;
   RequestSpec spec;
   std::vector<int> generated;
+  std::vector<TokenLogprobs> generated_logprobs;  // per generated token, when asked for
   std::string text;               // detokenized generated tokens
   std::vector<size_t> text_ends;  // per generated token: text.size() after it
   int fed = 0;                    // tokens whose K/V the backend state holds
@@ -62,6 +63,9 @@ Scheduler::~Scheduler() = default;
 void Scheduler::validate(const RequestSpec& spec) const {
   require(!spec.prompt.empty(), "submit: the prompt is empty");
   require(spec.max_tokens >= 1, "submit: max_tokens must be >= 1, got " + std::to_string(spec.max_tokens));
+  require(spec.logprobs >= -1 && spec.logprobs <= kMaxTopLogprobs,
+          "submit: logprobs must be -1 (none) or 0.." + std::to_string(kMaxTopLogprobs) + ", got " +
+              std::to_string(spec.logprobs));
   ref::check_sampling(spec.sampling);
   const int vocab = backend_.vocab_size();
   for (int t : spec.prompt)
@@ -159,9 +163,13 @@ void Scheduler::admit(Plan& plan) {
 }
 
 // Emits the generated tokens whose text ends at or before `limit` characters.
-static void emit_until(const std::vector<int>& generated, const std::vector<size_t>& ends, size_t limit,
-                       size_t& emitted, std::vector<int>& out) {
-  while (emitted < generated.size() && ends[emitted] <= limit) out.push_back(generated[emitted++]);
+// Emits the generated tokens (and their log-probabilities) whose text ends at or before `limit`.
+static void emit_until(const std::vector<int>& generated, const std::vector<TokenLogprobs>& logprobs,
+                       const std::vector<size_t>& ends, size_t limit, size_t& emitted, Emitted& e) {
+  while (emitted < generated.size() && ends[emitted] <= limit) {
+    if (!logprobs.empty()) e.logprobs.push_back(logprobs[emitted]);
+    e.tokens.push_back(generated[emitted++]);
+  }
 }
 
 // Characters at the end of `text` that could begin one of `stops` (held back until known).
@@ -185,15 +193,19 @@ static size_t first_stop(const std::string& text, const std::vector<std::string>
   return best;
 }
 
-SamplingRow Scheduler::next_draw(const Sequence& s) {
-  SamplingRow row = s.spec.sampling;
-  row.step = uint64_t(s.generated.size());
-  return row;
+DrawSpec Scheduler::next_draw(const Sequence& s) {
+  DrawSpec d;
+  d.sampling = s.spec.sampling;
+  d.sampling.step = uint64_t(s.generated.size());
+  d.logprobs = s.spec.logprobs;
+  return d;
 }
 
-void Scheduler::take(Sequence& s, int token, std::vector<Emitted>& out) {
+void Scheduler::take(Sequence& s, const TokenDraw& drawn, std::vector<Emitted>& out) {
+  const int token = drawn.token;
   const size_t text_before = s.text.size();
   s.generated.push_back(token);
+  if (s.spec.logprobs >= 0) s.generated_logprobs.push_back(drawn.logprobs.value_or(TokenLogprobs{}));
   s.text = detokenize_(s.generated);
   s.text_ends.push_back(s.text.size());
   ++counters_.generated_tokens;
@@ -206,17 +218,17 @@ void Scheduler::take(Sequence& s, int token, std::vector<Emitted>& out) {
   const size_t stop_at = s.spec.stop.empty() ? std::string::npos : first_stop(s.text, s.spec.stop, from);
   if (stop_at != std::string::npos) {
     s.finish = FinishReason::stop;
-    emit_until(s.generated, s.text_ends, stop_at, s.emitted, e.tokens);
+    emit_until(s.generated, s.generated_logprobs, s.text_ends, stop_at, s.emitted, e);
   } else if (s.spec.stop_at_eos && backend_.is_eos(token)) {
     s.finish = FinishReason::eos;
   } else if (int(s.generated.size()) >= s.spec.max_tokens) {
     s.finish = FinishReason::length;
   }
   if (s.finish == FinishReason::eos || s.finish == FinishReason::length) {
-    emit_until(s.generated, s.text_ends, s.text.size(), s.emitted, e.tokens);
+    emit_until(s.generated, s.generated_logprobs, s.text_ends, s.text.size(), s.emitted, e);
   } else if (s.finish == FinishReason::none) {
-    emit_until(s.generated, s.text_ends, s.text.size() - stop_prefix_at_end(s.text, s.spec.stop), s.emitted,
-               e.tokens);
+    emit_until(s.generated, s.generated_logprobs, s.text_ends, s.text.size() - stop_prefix_at_end(s.text, s.spec.stop),
+               s.emitted, e);
   }
   e.finished = s.finish;
   if (!e.tokens.empty() || e.finished != FinishReason::none) out.push_back(std::move(e));
@@ -226,13 +238,13 @@ void Scheduler::execute(const Plan& plan, std::vector<Emitted>& out) {
   if (!plan.decode.empty()) {
     std::vector<uint64_t> ids;
     std::vector<int> tokens;
-    std::vector<SamplingRow> draws;
+    std::vector<DrawSpec> draws;
     for (const Sequence* s : plan.decode) {
       ids.push_back(s->id);
       tokens.push_back(s->token_at(s->fed));
       draws.push_back(next_draw(*s));
     }
-    const std::vector<int> drawn = backend_.decode_and_draw(ids, tokens, draws);
+    const std::vector<TokenDraw> drawn = backend_.decode_and_draw(ids, tokens, draws);
     for (size_t i = 0; i < plan.decode.size(); ++i) {
       ++plan.decode[i]->fed;
       take(*plan.decode[i], drawn[i], out);
@@ -243,15 +255,15 @@ void Scheduler::execute(const Plan& plan, std::vector<Emitted>& out) {
     std::vector<int> tokens;
     for (int i = 0; i < n; ++i) tokens.push_back(s->token_at(s->fed + i));
     const bool last = s->left() == n;  // the chunk ends the tokens to feed: draw the next one
-    int token = -1;
+    TokenDraw drawn;
     if (last) {
-      token = backend_.prefill_and_draw(s->id, tokens, next_draw(*s));
+      drawn = backend_.prefill_and_draw(s->id, tokens, next_draw(*s));
     } else {
       backend_.prefill(s->id, tokens);
     }
     s->fed += n;
     counters_.fed_tokens += n;
-    if (last) take(*s, token, out);
+    if (last) take(*s, drawn, out);
   }
 }
 

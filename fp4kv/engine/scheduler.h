@@ -51,6 +51,7 @@ struct RequestSpec {
   int max_tokens = 64;
   std::vector<std::string> stop;  // generation ends before the first occurrence of any
   bool stop_at_eos = true;        // an EOS token ends generation (it is emitted, with no text)
+  int logprobs = -1;              // -1: none; 0..kMaxTopLogprobs: each token's and that many alternatives
 };
 
 enum class FinishReason { none, eos, length, stop, cancelled };
@@ -60,6 +61,7 @@ const char* finish_reason_name(FinishReason r);
 struct Emitted {
   uint64_t id = 0;
   std::vector<int> tokens;
+  std::vector<TokenLogprobs> logprobs;  // one per token when the request asked for them
   FinishReason finished = FinishReason::none;
 };
 
@@ -110,10 +112,10 @@ class Scheduler {
   void plan_prefills(Plan& plan);
   void admit(Plan& plan);
   void execute(const Plan& plan, std::vector<Emitted>& out);
-  // The sampling row of `s`'s next token (its step = the token's index in the generation).
-  static SamplingRow next_draw(const Sequence& s);
-  // Appends the drawn `token` to `s`, emitting and finishing as it says.
-  void take(Sequence& s, int token, std::vector<Emitted>& out);
+  // How to draw `s`'s next token (its step = the token's index in the generation).
+  static DrawSpec next_draw(const Sequence& s);
+  // Appends the drawn token to `s`, emitting and finishing as it says.
+  void take(Sequence& s, const TokenDraw& drawn, std::vector<Emitted>& out);
   void retire(Sequence& s, FinishReason reason, std::vector<Emitted>& out);
   void emit_ready(Sequence& s, Emitted& e);
 

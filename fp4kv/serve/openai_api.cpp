@@ -125,7 +125,6 @@ void parse_sampling(const json& body, CompletionRequest& r) {
 void refuse_unsupported(const json& body) {
   if (const json* v = field(body, "echo"); v && !(v->is_boolean() && !v->get<bool>()))
     throw bad_request("'echo' is not supported", "unsupported");
-  if (field(body, "logprobs")) throw bad_request("'logprobs' is not supported", "unsupported");
   if (const json* v = field(body, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
     throw bad_request("'suffix' is not supported", "unsupported");
   if (const json* v = field(body, "best_of"); v && !(v->is_number_integer() && v->get<long long>() == 1))
@@ -183,6 +182,13 @@ CompletionRequest parse_completion_request(const std::string& body_text, const M
     if (const json* u = field(*v, "include_usage")) r.include_usage = bool_field(*u, "stream_options.include_usage");
   }
   if (const json* v = field(body, "ignore_eos")) r.params.stop_at_eos = !bool_field(*v, "ignore_eos");
+  if (const json* v = field(body, "logprobs")) {
+    const long long n = integer_field(*v, "logprobs");
+    if (n < 0 || n > engine::kMaxTopLogprobs)
+      throw bad_request("'logprobs' must be 0.." + std::to_string(engine::kMaxTopLogprobs) +
+                        " (alternatives per token), got " + v->dump());
+    r.params.logprobs = int(n);
+  }
   if (const json* v = field(body, "user"); v && !v->is_string()) throw wrong_type("user", "a string", *v);
   refuse_unsupported(body);
   return r;
@@ -272,17 +278,34 @@ json usage_json(const Usage& u) {
               {"total_tokens", u.prompt_tokens + u.completion_tokens}};
 }
 
+json logprobs_json(const std::vector<int>& tokens, const std::vector<engine::TokenLogprobs>& lp,
+                   const engine::Detokenize& decode, size_t offset) {
+  json out{{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+           {"text_offset", json::array()}};
+  for (size_t i = 0; i < tokens.size() && i < lp.size(); ++i) {
+    const std::string piece = decode({tokens[i]});
+    out["tokens"].push_back(sanitize_utf8(piece));
+    out["token_logprobs"].push_back(lp[i].logprob);
+    json top = json::object();
+    for (const auto& [token, logprob] : lp[i].top) top[sanitize_utf8(decode({token}))] = logprob;
+    out["top_logprobs"].push_back(std::move(top));
+    out["text_offset"].push_back(offset);
+    offset += piece.size();
+  }
+  return out;
+}
+
 json completion_json(const std::string& id, const std::string& model, long long created, const std::string& text,
-                     engine::FinishReason finish, const Usage& usage) {
+                     engine::FinishReason finish, const Usage& usage, const json& logprobs) {
   const char* reason = openai_finish_reason(finish);
-  json choice{{"index", 0}, {"text", sanitize_utf8(text)}, {"logprobs", nullptr},
+  json choice{{"index", 0}, {"text", sanitize_utf8(text)}, {"logprobs", logprobs},
               {"finish_reason", reason ? json(reason) : json(nullptr)}};
   return json{{"id", id},           {"object", "text_completion"},   {"created", created},
               {"model", model},     {"choices", json::array({choice})}, {"usage", usage_json(usage)}};
 }
 
 json completion_chunk_json(const std::string& id, const std::string& model, long long created, const std::string& text,
-                           engine::FinishReason finish, const std::optional<Usage>& usage) {
+                           engine::FinishReason finish, const std::optional<Usage>& usage, const json& logprobs) {
   json j{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model}};
   if (usage) {
     j["choices"] = json::array();
@@ -290,7 +313,7 @@ json completion_chunk_json(const std::string& id, const std::string& model, long
     return j;
   }
   const char* reason = openai_finish_reason(finish);
-  json choice{{"index", 0}, {"text", sanitize_utf8(text)}, {"logprobs", nullptr},
+  json choice{{"index", 0}, {"text", sanitize_utf8(text)}, {"logprobs", logprobs},
               {"finish_reason", reason ? json(reason) : json(nullptr)}};
   j["choices"] = json::array({choice});
   return j;

@@ -91,13 +91,24 @@ struct Usage {
 };
 nlohmann::json usage_json(const Usage& u);
 
-// A whole (non-streaming) text_completion object.
+// OpenAI's completions `logprobs` object of `tokens`: tokens (each token's bytes alone, made
+// valid UTF-8: a byte-level token may be part of a character), token_logprobs (the model's
+// log-softmax: temperature 1, no top-k/top-p), top_logprobs ({token: logprob} of the most
+// likely alternatives), text_offset (bytes of the completion before each token, from `offset`).
+nlohmann::json logprobs_json(const std::vector<int>& tokens, const std::vector<engine::TokenLogprobs>& logprobs,
+                             const engine::Detokenize& decode, size_t offset);
+
+// A whole (non-streaming) text_completion object; `logprobs` null unless asked for.
 nlohmann::json completion_json(const std::string& id, const std::string& model, long long created,
-                               const std::string& text, engine::FinishReason finish, const Usage& usage);
-// One streamed text_completion chunk; finish is none until the last; usage only on the usage chunk.
+                               const std::string& text, engine::FinishReason finish, const Usage& usage,
+                               const nlohmann::json& logprobs = nullptr);
+// One streamed text_completion chunk; finish is none until the last; usage only on the usage
+// chunk; `logprobs` covers the tokens the engine produced since the previous chunk (in a
+// stream, a few bytes of their text may wait for the next chunk to complete a character).
 nlohmann::json completion_chunk_json(const std::string& id, const std::string& model, long long created,
                                      const std::string& text, engine::FinishReason finish,
-                                     const std::optional<Usage>& usage = std::nullopt);
+                                     const std::optional<Usage>& usage = std::nullopt,
+                                     const nlohmann::json& logprobs = nullptr);
 // `data: <json>\n\n`, and the terminator `data: [DONE]\n\n`.
 std::string sse_event(const nlohmann::json& payload);
 inline constexpr const char* kSseDone = "data: [DONE]\n\n";

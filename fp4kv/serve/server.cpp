@@ -60,6 +60,8 @@ struct HttpServer::Stream {
   int prompt_tokens = 0;
   int completion_tokens = 0;
   bool include_usage = false;
+  bool logprobs = false;     // the request asked for log-probabilities
+  size_t text_offset = 0;    // bytes of the completion the engine produced so far (logprobs' text_offset)
   std::string held;  // bytes of a UTF-8 character not yet complete
   bool ended = false;  // the engine's stream was read to its end
   Clock::time_point submitted, first_token;
@@ -239,16 +241,18 @@ void HttpServer::completions(const httplib::Request& req, httplib::Response& res
   }
 }
 
-void HttpServer::respond_whole(const CompletionRequest&, uint64_t id, int prompt_tokens, httplib::Response& res) {
+void HttpServer::respond_whole(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res) {
   const Clock::time_point submitted = Clock::now();
   Clock::time_point first;
   std::vector<int> tokens;
+  std::vector<engine::TokenLogprobs> logprobs;
   engine::FinishReason reason = engine::FinishReason::none;
   try {
     while (reason == engine::FinishReason::none) {
       const engine::StreamChunk c = engine_.next(id, kPollInterval);
       if (!c.tokens.empty() && tokens.empty()) first = Clock::now();
       tokens.insert(tokens.end(), c.tokens.begin(), c.tokens.end());
+      logprobs.insert(logprobs.end(), c.logprobs.begin(), c.logprobs.end());
       reason = c.finished;
     }
   } catch (...) {
@@ -263,8 +267,10 @@ void HttpServer::respond_whole(const CompletionRequest&, uint64_t id, int prompt
     if (tokens.size() > 1) metrics_.observe_tpot(seconds_since(first) / double(tokens.size() - 1));
   }
   const Usage usage{prompt_tokens, int(tokens.size())};
-  res.set_content(completion_json(completion_id(id), model_.model_name, created_, codec_.decode(tokens), reason, usage).dump(),
-                  kJson);
+  const json lp = r.params.logprobs >= 0 ? logprobs_json(tokens, logprobs, codec_.decode, 0) : json(nullptr);
+  res.set_content(
+      completion_json(completion_id(id), model_.model_name, created_, codec_.decode(tokens), reason, usage, lp).dump(),
+      kJson);
   metrics_.request_finished(true);
 }
 
@@ -279,9 +285,15 @@ bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
   s->ended = last;
   const size_t ready = last ? s->held.size() : utf8_complete_prefix(s->held);
   std::string events;
-  if (ready > 0)
+  // A chunk with tokens carries their log-probabilities even while its text waits for the
+  // rest of a character.
+  const bool with_logprobs = s->logprobs && !c.tokens.empty();
+  if (ready > 0 || with_logprobs) {
+    const json lp = with_logprobs ? logprobs_json(c.tokens, c.logprobs, codec_.decode, s->text_offset) : json(nullptr);
     events += sse_event(completion_chunk_json(s->name, model_.model_name, s->created, s->held.substr(0, ready),
-                                              engine::FinishReason::none));
+                                              engine::FinishReason::none, std::nullopt, lp));
+  }
+  s->text_offset += codec_.decode(c.tokens).size();
   s->held.erase(0, ready);
   if (last) {
     events += sse_event(completion_chunk_json(s->name, model_.model_name, s->created, "", c.finished));
@@ -302,6 +314,7 @@ void HttpServer::respond_stream(const CompletionRequest& r, uint64_t id, int pro
   s->created = created_;
   s->prompt_tokens = prompt_tokens;
   s->include_usage = r.include_usage;
+  s->logprobs = r.params.logprobs >= 0;
   s->submitted = Clock::now();
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(

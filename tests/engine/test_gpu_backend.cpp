@@ -54,14 +54,20 @@ std::vector<int> alone(const std::vector<int>& prompt, const RequestParams& p) {
   return out;
 }
 
-std::vector<int> drain(Engine& e, uint64_t id) {
-  std::vector<int> out;
+struct Drained {
+  std::vector<int> tokens;
+  std::vector<TokenLogprobs> logprobs;
+};
+Drained drain_all(Engine& e, uint64_t id) {
+  Drained out;
   for (;;) {
     const StreamChunk c = e.next(id, kNoWait);
-    out.insert(out.end(), c.tokens.begin(), c.tokens.end());
+    out.tokens.insert(out.tokens.end(), c.tokens.begin(), c.tokens.end());
+    out.logprobs.insert(out.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
     if (c.finished != FinishReason::none || c.timed_out) return out;
   }
 }
+std::vector<int> drain(Engine& e, uint64_t id) { return drain_all(e, id).tokens; }
 
 SchedulerConfig config(int max_batch, int blocks) {
   SchedulerConfig c;
@@ -72,6 +78,8 @@ SchedulerConfig config(int max_batch, int blocks) {
   return c;
 }
 
+// Also: log-probabilities come with the GPU-drawn tokens (greedy: each token is its own top
+// alternative).
 TEST(GpuBackend, OneRequestMatchesTheGpuGenerator) {
   SKIP_WITHOUT_GPU();
   GpuModel model(pk8l(), parse_recipe("nvfp4"), nullptr, options(4, 32));
@@ -80,10 +88,20 @@ TEST(GpuBackend, OneRequestMatchesTheGpuGenerator) {
   p.max_tokens = 40;
   p.stop_at_eos = false;
   p.sampling.request_id = 1;
+  p.logprobs = 2;
   const std::vector<int> prompt = model::encode_bytes("The quick brown fox");
   const uint64_t id = e.submit(prompt, p);
   e.run_until_idle();
-  EXPECT_EQ(drain(e, id), alone(prompt, p));
+  const Drained d = drain_all(e, id);
+  EXPECT_EQ(d.tokens, alone(prompt, p));
+  ASSERT_EQ(d.logprobs.size(), d.tokens.size());
+  for (size_t i = 0; i < d.tokens.size(); ++i) {
+    ASSERT_EQ(d.logprobs[i].top.size(), 2u);
+    EXPECT_EQ(d.logprobs[i].top[0].first, d.tokens[i]);
+    EXPECT_FLOAT_EQ(d.logprobs[i].top[0].second, d.logprobs[i].logprob);
+    EXPECT_LE(d.logprobs[i].logprob, 0.0f);
+    EXPECT_GE(d.logprobs[i].top[0].second, d.logprobs[i].top[1].second);
+  }
   e.check_blocks();
 }
 

@@ -33,6 +33,29 @@ TEST(OpenAiApi, ParsesAValidRequest) {
   EXPECT_TRUE(t.prompt_is_tokens);
   EXPECT_EQ(t.prompt_tokens, (std::vector<int>{1, 2, 3}));
   EXPECT_EQ(t.params.max_tokens, kDefaultMaxTokens);
+  EXPECT_EQ(t.params.logprobs, -1);  // none unless asked for
+  EXPECT_EQ(parse_completion_request(R"({"prompt":"a","logprobs":0})", limits()).params.logprobs, 0);
+  EXPECT_EQ(parse_completion_request(R"({"prompt":"a","logprobs":5})", limits()).params.logprobs, 5);
+  EXPECT_EQ(parse_completion_request(R"({"prompt":"a","logprobs":null})", limits()).params.logprobs, -1);
+}
+
+// The logprobs object: one entry per token, offsets counting the token bytes before each.
+TEST(OpenAiApi, LogprobsObjectFollowsTheTokens) {
+  const engine::Detokenize decode = [](const std::vector<int>& t) {
+    std::string s;
+    for (int x : t) s += std::string(size_t(x % 3 + 1), char('a' + x % 26));
+    return s;
+  };
+  std::vector<engine::TokenLogprobs> lp(2);
+  lp[0].logprob = -0.5f;
+  lp[0].top = {{4, -0.5f}, {7, -1.5f}};
+  lp[1].logprob = -2.0f;
+  const nlohmann::json j = logprobs_json({4, 5}, lp, decode, 10);
+  EXPECT_EQ(j["tokens"], nlohmann::json({"ee", "fff"}));
+  EXPECT_EQ(j["token_logprobs"], nlohmann::json({-0.5, -2.0}));
+  EXPECT_EQ(j["text_offset"], nlohmann::json({10, 12}));
+  EXPECT_EQ(j["top_logprobs"][0], nlohmann::json({{"ee", -0.5}, {"hh", -1.5}}));
+  EXPECT_TRUE(j["top_logprobs"][1].empty());
 }
 
 TEST(OpenAiApi, RefusesBadRequests) {
@@ -55,7 +78,10 @@ TEST(OpenAiApi, RefusesBadRequests) {
   EXPECT_EQ(status_of(R"({"prompt":"a","stop":7})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","stop":[""]})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","stream":"yes"})"), 400);
-  EXPECT_EQ(status_of(R"({"prompt":"a","logprobs":3})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","logprobs":6})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","logprobs":-1})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","logprobs":"3"})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","logprobs":true})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","model":"other"})"), 404);
   EXPECT_EQ(status_of(R"({"prompt":"a","unknown_field":{"x":1}})"), 200);  // unknown fields are ignored
 }

@@ -174,6 +174,48 @@ TEST(Server, StreamConcatenatesToTheWholeText) {
   EXPECT_NE(r->body.find("\"usage\""), std::string::npos);
 }
 
+// logprobs: one entry per generated token in both modes, the tokens' bytes making up the
+// text, greedy tokens being their own most likely alternative, log-probabilities <= 0.
+TEST(Server, LogprobsFollowEveryToken) {
+  RunningServer s;
+  httplib::Client c = s.client();
+  json body = request("Hello", 8);
+  body["logprobs"] = 3;
+  const json whole = post_json(c, body);
+  const json& lp = whole["choices"][0]["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << whole.dump();
+  const int n = whole["usage"]["completion_tokens"].get<int>();
+  ASSERT_EQ(int(lp["tokens"].size()), n);
+  ASSERT_EQ(int(lp["token_logprobs"].size()), n);
+  std::string joined;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), joined.size());
+    joined += lp["tokens"][i].get<std::string>();
+    const float chosen = lp["token_logprobs"][i].get<float>();
+    EXPECT_LE(chosen, 0.0f);
+    const json& top = lp["top_logprobs"][i];
+    ASSERT_FALSE(top.empty());
+    float best = -1e30f;
+    for (auto it = top.begin(); it != top.end(); ++it) best = std::max(best, it.value().get<float>());
+    EXPECT_FLOAT_EQ(chosen, best) << "greedy draws the most likely token";
+  }
+  EXPECT_EQ(joined, whole["choices"][0]["text"].get<std::string>());
+  // Streamed: the chunks' logprobs together cover every token.
+  body["stream"] = true;
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  int streamed = 0;
+  size_t pos = 0;
+  while ((pos = r->body.find("data: {", pos)) != std::string::npos) {
+    const size_t end = r->body.find("\n\n", pos);
+    const json chunk = json::parse(r->body.substr(pos + 6, end - pos - 6));
+    pos = end;
+    if (!chunk["choices"].empty() && chunk["choices"][0]["logprobs"].is_object())
+      streamed += int(chunk["choices"][0]["logprobs"]["tokens"].size());
+  }
+  EXPECT_EQ(streamed, n);
+}
+
 // 16 clients at once (half streaming, half sampled), each receiving its own request's text,
 // equal to that request run alone: no mixing of streams in the shared batch.
 TEST(Server, SixteenConcurrentClientsEachGetTheirOwnStream) {
