@@ -1,5 +1,9 @@
 #include "fp4kv/serve/server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <httplib.h>
 
 #include <chrono>
@@ -85,11 +89,39 @@ HttpServer::HttpServer(engine::Engine& engine, engine::TextCodec codec, ModelLim
 
 HttpServer::~HttpServer() = default;
 
+namespace {
+
+// Pending connections the listening socket queues (the kernel caps it at net.core.somaxconn).
+constexpr int kListenBacklog = 1024;
+
+// cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into the Debian
+// library): a burst of more simultaneous connects than that overflows the accept queue and
+// clients see failed reads (16 clients connecting at once lose some). The listening socket is
+// not exposed, so find it (listening, bound to `port`) and listen again with a deep queue;
+// Linux takes a second listen() as a new backlog.
+void widen_listen_backlog(int port) {
+  for (int fd = 0; fd < 4096; ++fd) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof addr;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    int bound = -1;
+    if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    if (addr.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    if (bound == port) ::listen(fd, kListenBacklog);
+  }
+}
+
+}  // namespace
+
 int HttpServer::bind() {
   const int port = config_.port == 0 ? http_->bind_to_any_port(config_.host)
                                      : (http_->bind_to_port(config_.host, config_.port) ? config_.port : -1);
   require(port > 0, "serve: cannot listen on " + config_.host + ":" + std::to_string(config_.port) +
                         " (address in use, or not an address of this machine)");
+  widen_listen_backlog(port);
   return port;
 }
 

@@ -232,7 +232,11 @@ TEST(Server, SixteenConcurrentClientsEachGetTheirOwnStream) {
       json body = request(prompts[i], 4 + i % 5, i % 2 ? 0.7f : 0.0f, 11 + i);
       if (i % 2) body["stream"] = true;
       auto r = c.Post("/v1/completions", body.dump(), "application/json");
-      if (!r || r->status != 200) return;
+      if (!r || r->status != 200) {
+        got[i] = r ? "status " + std::to_string(r->status) + ": " + r->body
+                   : "client " + std::to_string(i) + " error " + httplib::to_string(r.error());
+        return;
+      }
       bool done = true;
       got[i] = i % 2 ? sse_text(r->body, &done) : json::parse(r->body)["choices"][0]["text"].get<std::string>();
     });
