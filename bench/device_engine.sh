@@ -1,0 +1,48 @@
+#!/bin/bash
+# One device call for the GPU engine (carry .devbin; tarball from bench/pack_engine.sh):
+#   bench/device_engine.sh tests    engine + backend GPU tests, memcheck of the engine tests,
+#                                   the serve tests (their CLI server runs on the GPU), generate
+#   bench/device_engine.sh e2e      fp4kv bench e2e (Qwen3-4B shape) and bench step
+#   bench/device_engine.sh serve    fp4kv serve --device cuda + fp4kv load-test (load and soak)
+#   bench/device_engine.sh eval     pass-key retrieval at 8192 tokens, >= 600 questions per preset
+# Logs and JSON go to $OUT. The tests find models/pk8l through /work/main (their compiled-in
+# source path), linked to this checkout.
+set -o pipefail
+WHAT=${1:-tests}
+OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+E=/tmp/fp4kv-engine; mkdir -p $E; tar -xJf .devbin/engine.tar.xz -C $E || exit 1
+export LD_LIBRARY_PATH=$E:$LD_LIBRARY_PATH
+mkdir -p /work && ln -sfn "$PWD" /work/main
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
+case $WHAT in
+tests)
+  (cd $E && timeout 240 ./fp4kv_engine_gpu_tests > "$OUT"/engine_tests.log 2>&1); echo "engine tests rc=$?"
+  grep -E "^\[  (FAILED|PASSED)|Failure|pk8l|row " "$OUT"/engine_tests.log | head -20
+  (cd $E && timeout 200 compute-sanitizer --tool memcheck ./fp4kv_engine_gpu_tests \
+      --gtest_filter='*GraphReplay*:*Batched*:*BadSteps*:GpuBackend.One*' > "$OUT"/engine_memcheck.log 2>&1)
+  echo "engine memcheck rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT"/engine_memcheck.log | tail -3
+  (cd $E && timeout 60 ./fp4kv_ops_gpu_tests 2>&1 | tail -1)
+  (cd /work/main && timeout 240 $E/fp4kv_serve_tests > "$OUT"/serve_tests.log 2>&1); echo "serve tests rc=$?"
+  grep -E "^\[  (FAILED|PASSED)|Failure" "$OUT"/serve_tests.log | head
+  timeout 60 $E/fp4kv generate --prompt 'The cat sat on the' --max-tokens 64 2>&1 | tail -2
+  ;;
+e2e)
+  timeout 560 $E/fp4kv bench e2e --model qwen3-4b:random --json "$OUT"/e2e.json --markdown "$OUT"/e2e.md \
+    > "$OUT"/e2e.log 2>&1; echo "e2e rc=$?"; tail -60 "$OUT"/e2e.log
+  ;;
+serve)
+  $E/fp4kv serve --device cuda --port 18500 --max-batch 32 > "$OUT"/serve.log 2>&1 &
+  for i in $(seq 60); do grep -q listening "$OUT"/serve.log && break; sleep 1; done; cat "$OUT"/serve.log
+  timeout 200 $E/fp4kv load-test --port 18500 --clients 32 --requests 8 --max-tokens 64 --json "$OUT"/load.json
+  echo "load rc=$?"
+  timeout 300 $E/fp4kv load-test --port 18500 --clients 32 --requests 100 --max-tokens 8 --cancel-fraction 0.3 \
+    --json "$OUT"/soak.json; echo "soak rc=$?"
+  kill -TERM %1; wait
+  ;;
+eval)
+  timeout 560 $E/fp4kv eval --device cuda --context 512 --windows 1 --retrieval-docs 64 --retrieval-context 8192 \
+    --baseline nvfp4-native --quiet --json "$OUT"/ret8192.json \
+    --configs bf16,fp8,nvfp4-vanilla,nvfp4-vanilla-native,nvfp4,nvfp4-native,mxfp4-vanilla,mxfp4-vanilla-native,mxfp4,mxfp4-native \
+    > "$OUT"/ret8192.txt 2>&1; echo "eval rc=$?"; tail -14 "$OUT"/ret8192.txt
+  ;;
+esac
