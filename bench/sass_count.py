@@ -5,7 +5,7 @@
 
 Finds the function whose mangled name contains KERNEL_SUBSTRING, takes the backward branch
 whose body holds the most HMMA instructions (the page loop), and prints the opcode
-histogram of that body, the HMMA count (= 16 x 16 tiles x column tiles), and instructions
+histogram of that body, the smallest loop with as many MMAs and the innermost MMA loop, the HMMA count (= 16 x 16 tiles x column tiles), and instructions
 per tile and per element (warp instructions x 32 lanes / elements)."""
 import re
 import sys
@@ -50,6 +50,7 @@ def main():
             continue
         ins = parse(lines)
         best = None
+        loops = []  # (HMMA count, region) of every backward branch with MMAs
         for i, (addr, op, body) in enumerate(ins):
             if op.startswith("BRA"):
                 m = re.search(r"0x([0-9a-f]+)", body)
@@ -59,6 +60,8 @@ def main():
                 if tgt < addr:
                     region = [x for x in ins if tgt <= x[0] <= addr]
                     h = sum(1 for x in region if x[1].startswith("HMMA"))
+                    if h:
+                        loops.append((h, region))
                     if best is None or h > best[0]:
                         best = (h, region)
         total = Counter(x[1].split(".")[0] for x in ins)
@@ -72,6 +75,13 @@ def main():
             if tiles:
                 print(f"  {len(region) / tiles:.1f} warp instructions per tile, {len(region) * 32 / (tiles * 256):.2f} per element")
             print("  " + ", ".join(f"{k} {v}" for k, v in c.most_common(30)))
+            # The region above is the first backward branch with the most MMAs; code the
+            # compiler lays out inside it (the BF16 sink/recent part) counts too. The smallest
+            # loop holding as many MMAs is the page loop proper; the smallest with any MMA,
+            # the innermost key-step loop.
+            tight = min((r for hh, r in loops if hh == h), key=len)
+            inner = min((r for hh, r in loops), key=len)
+            print(f"tight page loop: {len(tight)} warp instructions; innermost MMA loop: {len(inner)}")
         return
     print(f"== {label}: no function matching {key}")
 
