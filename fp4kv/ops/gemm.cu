@@ -8,6 +8,7 @@
 
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
+#include "fp4kv/ops/gemv.h"
 
 namespace fp4kv::ops {
 namespace {
@@ -91,29 +92,41 @@ int Gemm::tune(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaStre
   cudaEvent_t begin = nullptr, end = nullptr;
   cache::cuda_check(cudaEventCreate(&begin), "Gemm::tune: event");
   cache::cuda_check(cudaEventCreate(&end), "Gemm::tune: event");
+  // Time of kTimed runs of the plan as it stands.
+  auto time_ms = [&]() {
+    for (int r = 0; r < kWarmups; ++r) run_any(x, w, y, stream);
+    cache::cuda_check(cudaEventRecord(begin, stream), "Gemm::tune: event");
+    for (int r = 0; r < kTimed; ++r) run_any(x, w, y, stream);
+    cache::cuda_check(cudaEventRecord(end, stream), "Gemm::tune: event");
+    cache::cuda_check(cudaEventSynchronize(end), "Gemm::tune");
+    float ms = 0;
+    cache::cuda_check(cudaEventElapsedTime(&ms, begin, end), "Gemm::tune: elapsed");
+    return ms;
+  };
   float best_ms = 0;
   int best = 0;
   try {
+    use_gemv_ = false;
     for (int i = 0; i < num_candidates_; ++i) {
       algo_ = candidates_[i];
-      for (int r = 0; r < kWarmups; ++r) run_any(x, w, y, stream);
-      cache::cuda_check(cudaEventRecord(begin, stream), "Gemm::tune: event");
-      for (int r = 0; r < kTimed; ++r) run_any(x, w, y, stream);
-      cache::cuda_check(cudaEventRecord(end, stream), "Gemm::tune: event");
-      cache::cuda_check(cudaEventSynchronize(end), "Gemm::tune");
-      float ms = 0;
-      cache::cuda_check(cudaEventElapsedTime(&ms, begin, end), "Gemm::tune: elapsed");
+      const float ms = time_ms();
       if (i == 0 || ms < best_ms) best_ms = ms, best = i;
+    }
+    algo_ = candidates_[best];
+    if (gemv_supports(shape_.m, shape_.k)) {
+      use_gemv_ = true;
+      if (time_ms() < best_ms) best = kTunedGemv;
+      else use_gemv_ = false;
     }
   } catch (...) {
     cudaEventDestroy(begin);
     cudaEventDestroy(end);
     algo_ = candidates_[0];
+    use_gemv_ = false;
     throw;
   }
   cudaEventDestroy(begin);
   cudaEventDestroy(end);
-  algo_ = candidates_[best];
   return best;
 }
 
@@ -135,6 +148,11 @@ void Gemm::run_any(const void* x, const void* w, void* y, cudaStream_t stream) c
       throw Error("Gemm::run: pointer " + std::to_string(reinterpret_cast<uintptr_t>(p)) + " is not " +
                   std::to_string(kAlignmentBytes) + "-byte aligned");
     }
+  }
+  if (use_gemv_) {
+    gemv(static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w), y,
+         shape_.output == GemmOutput::f32, shape_.m, shape_.n, shape_.k, stream);
+    return;
   }
   const float alpha = 1.0f, beta = 0.0f;
   const cublasStatus_t s = cublasLtMatmul(handle_, op_, &alpha, w, a_, x, b_, &beta, y, d_, y, d_, &algo_,

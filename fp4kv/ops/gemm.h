@@ -45,11 +45,14 @@ class Gemm {
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t stream) const;
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, cudaStream_t stream) const;
 
-  // Times each of the heuristic's candidate algorithms (up to 8) on these operands and keeps
-  // the fastest; returns its rank in the heuristic's list (0: the heuristic's first choice).
-  // Synchronizes the stream: call outside graph capture. The product of every candidate is
-  // an FP32-accumulated GEMM; they differ only in summation order.
+  // Times each of the heuristic's candidate algorithms (up to 8), and for m <= 8 our GEMV
+  // (ops/gemv.h), on these operands and keeps the fastest; returns its rank in the
+  // heuristic's list (0: the heuristic's first choice) or kTunedGemv. Synchronizes the
+  // stream: call outside graph capture. Every candidate is an FP32-accumulated GEMM; they
+  // differ only in summation order.
+  static constexpr int kTunedGemv = -1;
   int tune(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaStream_t stream);
+  bool uses_gemv() const { return use_gemv_; }
   int candidates() const { return num_candidates_; }
 
   const GemmShape& shape() const { return shape_; }
@@ -67,6 +70,7 @@ class Gemm {
   cublasLtMatmulAlgo_t algo_{};
   cublasLtMatmulAlgo_t candidates_[kGemmCandidates]{};  // the heuristic's list, best first
   int num_candidates_ = 0;
+  bool use_gemv_ = false;  // tune() found ops::gemv faster for this shape
 };
 
 }  // namespace fp4kv::ops

@@ -1,4 +1,5 @@
-// The cuBLASLt GEMM plan against a double-precision product of the same BF16 inputs.
+// The cuBLASLt GEMM plan, the small-batch GEMV and a tuned plan against a double-precision
+// product of the same BF16 inputs.
 // Tolerance: FP32 accumulation of k exact BF16 products in any order is off by at most
 // (k - 1) 2^-24 sum|x w| (the bound of recursive summation), plus, for BF16 output, half a
 // BF16 ulp of the result (2^-9 |y|).
@@ -7,26 +8,44 @@
 #include <cmath>
 
 #include "fp4kv/ops/gemm.h"
+#include "fp4kv/ops/gemv.h"
 #include "fp4kv/ops/reference.h"
 #include "ops_test_util.h"
 
 namespace fp4kv::ops::test {
 namespace {
 
-void check_gemm(const GemmShape& s, uint32_t seed) {
+// How a test runs the product: y = x w^T into a BF16 or FP32 device array.
+enum class Runner { plan, tuned_plan, gemv };
+
+void run_product(Runner how, const GemmShape& s, const DeviceBuffer<uint16_t>& dx, const DeviceBuffer<uint16_t>& dw,
+                 void* y) {
+  const bool f32 = s.output == GemmOutput::f32;
+  if (how == Runner::gemv) {
+    gemv(as_bf16(dx), as_bf16(dw), y, f32, s.m, s.n, s.k, nullptr);
+    return;
+  }
+  Gemm gemm(s);
+  if (how == Runner::tuned_plan) gemm.tune(as_bf16(dx), as_bf16(dw), y, nullptr);
+  if (f32)
+    gemm.run(as_bf16(dx), as_bf16(dw), static_cast<float*>(y), nullptr);
+  else
+    gemm.run(as_bf16(dx), as_bf16(dw), static_cast<__nv_bfloat16*>(y), nullptr);
+}
+
+void check_gemm(const GemmShape& s, uint32_t seed, Runner how = Runner::plan) {
   const auto x = random_bf16(size_t(s.m) * s.k, 0.0f, 1.0f, seed);
   const auto w = random_bf16(size_t(s.n) * s.k, 0.0f, 0.05f, seed + 1);
   const GemmReference ref = ref_gemm(x, w, s.m, s.n, s.k);
   DeviceBuffer<uint16_t> dx(x), dw(w);
-  const Gemm gemm(s);
   std::vector<float> got(ref.y.size());
   if (s.output == GemmOutput::f32) {
     DeviceBuffer<float> dy(ref.y.size());
-    gemm.run(as_bf16(dx), as_bf16(dw), dy.get(), nullptr);
+    run_product(how, s, dx, dw, dy.get());
     got = dy.download();
   } else {
     DeviceBuffer<uint16_t> dy(ref.y.size());
-    gemm.run(as_bf16(dx), as_bf16(dw), as_bf16(dy), nullptr);
+    run_product(how, s, dx, dw, dy.get());
     const auto bits = dy.download();
     for (size_t i = 0; i < bits.size(); ++i) got[i] = bf16_bits_to_float(bits[i]);
   }
@@ -54,6 +73,33 @@ TEST(GemmGpu, MatchesDoubleProductOverShapes) {
 TEST(GemmGpu, LmHeadWithQwen3VocabInFp32) {
   SKIP_WITHOUT_GPU();
   check_gemm(GemmShape{2, 151936, 2560, GemmOutput::f32}, 77);
+}
+
+// The GEMV at every row count it takes, short and Qwen3-4B rows, both outputs; odd n (a
+// partial last CTA) and k of one 16-byte chunk per lane or less.
+TEST(GemmGpu, GemvMatchesDoubleProduct) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_FALSE(gemv_supports(9, 64));
+  EXPECT_FALSE(gemv_supports(1, 12));
+  uint32_t seed = 101;
+  for (int m = 1; m <= kGemvMaxRows; ++m) {
+    for (const GemmShape s : {GemmShape{m, 13, 8, GemmOutput::bf16}, GemmShape{m, 37, 264, GemmOutput::f32},
+                              GemmShape{m, 6144, 2560, GemmOutput::bf16}, GemmShape{m, 2560, 9728, GemmOutput::bf16}}) {
+      check_gemm(s, seed, Runner::gemv);
+      seed += 2;
+    }
+  }
+}
+
+// A tuned plan (whichever of cuBLASLt's candidates or the GEMV won) stays within the bound.
+TEST(GemmGpu, TunedPlanMatchesDoubleProduct) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 301;
+  for (const GemmShape s : {GemmShape{1, 6144, 2560, GemmOutput::bf16}, GemmShape{8, 19456, 2560, GemmOutput::bf16},
+                            GemmShape{2, 151936, 2560, GemmOutput::f32}, GemmShape{33, 2560, 4096, GemmOutput::bf16}}) {
+    check_gemm(s, seed, Runner::tuned_plan);
+    seed += 2;
+  }
 }
 
 TEST(GemmGpu, RejectsBadShapesAndMismatchedOutput) {

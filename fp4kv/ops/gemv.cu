@@ -1,0 +1,97 @@
+// The small-batch GEMM (gemv.h).
+#include "fp4kv/ops/gemv.h"
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "fp4kv/cache/cuda_check.h"
+
+namespace fp4kv::ops {
+
+namespace {
+
+constexpr int kWarps = 8;  // output features per CTA, one per warp
+constexpr int kChunk = 8;  // BF16 per 16-byte load
+constexpr int kUnroll = 4;
+
+__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[kChunk]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+  }
+}
+
+template <int M, bool F32Out>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __nv_bfloat16* __restrict__ x,
+                                                           const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
+                                                           int n, int k) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (row >= n) return;
+  const uint4* wrow = reinterpret_cast<const uint4*>(w + size_t(row) * k);
+  const int chunks = k / kChunk;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+#pragma unroll kUnroll
+  for (int c = lane; c < chunks; c += 32) {
+    float wf[kChunk];
+    bf16x8_to_float(__ldcs(wrow + c), wf);  // W is read once: stream it past the caches
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float xf[kChunk];
+      bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x + size_t(m) * k) + c), xf);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) acc[m] = fmaf(wf[i], xf[i], acc[m]);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+  }
+  if (lane != 0) return;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    if constexpr (F32Out) {
+      static_cast<float*>(y)[size_t(m) * n + row] = acc[m];
+    } else {
+      static_cast<__nv_bfloat16*>(y)[size_t(m) * n + row] = __float2bfloat16_rn(acc[m]);
+    }
+  }
+}
+
+template <int M>
+void launch_rows(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f32_out, int n, int k,
+                 cudaStream_t stream) {
+  const dim3 grid((n + kWarps - 1) / kWarps);
+  if (f32_out)
+    gemv_kernel<M, true><<<grid, kWarps * 32, 0, stream>>>(x, w, y, n, k);
+  else
+    gemv_kernel<M, false><<<grid, kWarps * 32, 0, stream>>>(x, w, y, n, k);
+}
+
+}  // namespace
+
+bool gemv_supports(int m, int k) { return m >= 1 && m <= kGemvMaxRows && k > 0 && k % kGemvKMultiple == 0; }
+
+void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f32_out, int m, int n, int k,
+          cudaStream_t stream) {
+  switch (m) {
+    case 1: launch_rows<1>(x, w, y, f32_out, n, k, stream); break;
+    case 2: launch_rows<2>(x, w, y, f32_out, n, k, stream); break;
+    case 3: launch_rows<3>(x, w, y, f32_out, n, k, stream); break;
+    case 4: launch_rows<4>(x, w, y, f32_out, n, k, stream); break;
+    case 5: launch_rows<5>(x, w, y, f32_out, n, k, stream); break;
+    case 6: launch_rows<6>(x, w, y, f32_out, n, k, stream); break;
+    case 7: launch_rows<7>(x, w, y, f32_out, n, k, stream); break;
+    case 8: launch_rows<8>(x, w, y, f32_out, n, k, stream); break;
+    default: return;  // gemv_supports is the caller's check
+  }
+  cache::cuda_check_launch("gemv");
+}
+
+}  // namespace fp4kv::ops
