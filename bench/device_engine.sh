@@ -15,6 +15,8 @@ OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 E=/tmp/fp4kv-engine; mkdir -p $E; tar -xJf .devbin/engine.tar.xz -C $E || exit 1
 export LD_LIBRARY_PATH=$E:$LD_LIBRARY_PATH
 mkdir -p /work && ln -sfn "$PWD" /work/main
+# The CLI tests run the binary at its compiled-in path (build-perf/bin/fp4kv of this checkout).
+mkdir -p build-perf/bin && ln -sfn $E/fp4kv build-perf/bin/fp4kv
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 case $WHAT in
 tests)
