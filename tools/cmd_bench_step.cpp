@@ -51,6 +51,7 @@ StepPoint run_point(const engine::GpuWeights& w, const std::string& preset, int 
   pt.batch = batch;
   const Recipe r = parse_recipe(preset);
   engine::GpuModelOptions o;
+  o.tune_gemms = true;  // the benchmarks measure the fastest plans
   o.max_batch = batch;
   o.max_context = context + cache::kPage;
   const int pages = (o.max_context + cache::kPage - 1) / cache::kPage;

@@ -2,8 +2,9 @@
 // the engine equal the GPU generator's for it alone; many requests with preemption all
 // complete with those same tokens and leave no block or slot behind. Skips without a GPU.
 //
-// GEMM tuning is off here: a tuned plan keeps the fastest algorithm of a timing run, which may
-// differ between two engines; the heuristic's first choice is the same in every engine.
+// GEMM tuning stays off (the default): a tuned plan keeps the fastest algorithm of a timing
+// run, which may differ between two engines; the heuristic's first choice is the same in every
+// engine, so the engine's tokens can be compared with a second engine's.
 #include <gtest/gtest.h>
 
 #include <chrono>
