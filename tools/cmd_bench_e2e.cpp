@@ -39,8 +39,10 @@ namespace fp4kv::cli {
 
 namespace {
 
-constexpr long long kActivationReserveBytes = 1LL << 30;  // beside the cache: activations, GEMM workspaces, graphs
 constexpr int kMillion = 1000000;
+constexpr int kOverheadContext = 4096;  // the paper's figure 13 point (with batch 1)
+constexpr int kFillChunk = 4096;        // prefill chunk of the 1M-token fill
+constexpr int kRefillChunk = 65536;     // of the second fill, whose cache must be the same
 
 struct E2eArgs {
   std::string model = "qwen3-4b:random", presets = "bf16,fp8,nvfp4,nvfp4-native,mxfp4";
@@ -57,14 +59,6 @@ struct Run {
   nlohmann::json j;
   std::string md;
 };
-
-// The KV budget `utilization` of the device leaves now (weights loaded) less the reserve.
-long long kv_budget(double utilization) {
-  size_t free_bytes = 0, total = 0;
-  cache::cuda_check(cudaMemGetInfo(&free_bytes, &total), "bench e2e: memory");
-  const double allowed = utilization * double(total) - double(total - free_bytes);
-  return std::max(0LL, (long long)allowed - kActivationReserveBytes);
-}
 
 engine::CacheShape shape_of(const model::Qwen3Config& c) {
   return {c.num_hidden_layers, c.num_key_value_heads, c.head_dim};
@@ -87,7 +81,7 @@ void tpot_part(Run& run, const E2eArgs& A) {
         nlohmann::json e = {{"preset", preset}, {"context", ctx}, {"batch", batch}, {"kv_gb", kv / 1e9},
                             {"bf16_floor_us", bf16_floor_us}};
         char line[256];
-        if (kv > 0.92 * free_device_bytes()) {
+        if (!cache_fits_on_device(kv)) {
           e["note"] = "does not fit";
           std::snprintf(line, sizeof line, "| %s | %d | %d | does not fit | | | %.1f |\n", preset.c_str(), ctx, batch, kv / 1e9);
         } else {
@@ -97,8 +91,8 @@ void tpot_part(Run& run, const E2eArgs& A) {
           o.max_context = int(pages * kPageTokens);
           engine::GpuModel m(run.w, r, nullptr, o);
           const engine::StepRows rows = rows_at(m, batch, ctx);
-          m.fill_random_context(rows, ctx, 11);
-          for (int i = 0; i < 3; ++i) m.step(rows);
+          m.fill_random_context(rows, ctx, kFillSeed);
+          for (int i = 0; i < kWarmupSteps; ++i) m.step(rows);
           const double us = median_step_us(m, rows, A.runs);
           m.read_logits();  // the step's error flags
           if (preset == "bf16") bf16_us = us;
@@ -168,7 +162,8 @@ void throughput_part(Run& run, const E2eArgs& A) {
   std::vector<double> bf16_rate(levels.size(), 0.0);
   for (const std::string& preset : split_csv(A.presets)) {
     const Recipe r = parse_recipe(preset);
-    const engine::CacheCapacity cap = engine::cache_capacity(r.kv, shape_of(c), kv_budget(A.gpu_memory_utilization), max_batch);
+    const engine::CacheCapacity cap =
+        engine::cache_capacity(r.kv, shape_of(c), engine::gpu_kv_budget(A.gpu_memory_utilization), max_batch);
     engine::GpuModelOptions o;
     o.tune_gemms = true;  // the benchmarks measure the fastest plans
     o.max_batch = max_batch;
@@ -211,14 +206,14 @@ void overhead_part(Run& run, const E2eArgs& A) {
     engine::GpuModelOptions o;
     o.tune_gemms = true;  // the benchmarks measure the fastest plans
     o.max_batch = 1;
-    o.max_context = 4096 + kPageTokens;
+    o.max_context = kOverheadContext + kPageTokens;
     engine::GpuModel m(run.w, parse_recipe(preset), nullptr, o);
-    const engine::StepRows rows = rows_at(m, 1, 4096);
-    m.fill_random_context(rows, 4096, 13);
-    for (int i = 0; i < 3; ++i) m.step(rows);
+    const engine::StepRows rows = rows_at(m, 1, kOverheadContext);
+    m.fill_random_context(rows, kOverheadContext, kFillSeed);
+    for (int i = 0; i < kWarmupSteps; ++i) m.step(rows);
     const double with = median_step_us(m, rows, A.runs);
     m.set_cache_updates(false);  // replays the plan of the steps above
-    for (int i = 0; i < 3; ++i) m.step(rows);
+    for (int i = 0; i < kWarmupSteps; ++i) m.step(rows);
     const double without = median_step_us(m, rows, A.runs);
     m.set_cache_updates(true);
     char line[200];
@@ -232,7 +227,7 @@ void overhead_part(Run& run, const E2eArgs& A) {
 // ---- capacity and the 1M-token context ----
 void capacity_part(Run& run, const E2eArgs& A) {
   const model::Qwen3Config& c = run.w.config();
-  const long long budget = kv_budget(A.gpu_memory_utilization);
+  const long long budget = engine::gpu_kv_budget(A.gpu_memory_utilization);
   run.md += "\n### Capacity (one request, KV budget " + std::to_string(budget / (1LL << 20)) + " MiB)\n\n"
             "| preset | longest context (tokens) |\n|---|---|\n";
   for (const std::string& preset : split_csv(A.presets)) {
@@ -254,21 +249,21 @@ void capacity_part(Run& run, const E2eArgs& A) {
   o.num_blocks = int(pages);
   engine::GpuModel m(run.w, r, nullptr, o);
   const engine::StepRows rows = rows_at(m, 1, kMillion);
-  m.fill_random_tokens(rows, 0, kMillion, 17, 4096);
+  m.fill_random_tokens(rows, 0, kMillion, kFillSeed, kFillChunk);
   m.step(rows);
   const std::vector<float> first = m.read_logits();
-  for (int i = 0; i < 3; ++i) m.step(rows);
+  for (int i = 0; i < kWarmupSteps; ++i) m.step(rows);
   const double us = median_step_us(m, rows, A.runs);
   m.release(rows.block_tables[0]);
-  m.fill_random_tokens(rows, 0, kMillion, 17, 65536);  // the same cache, other chunks
+  m.fill_random_tokens(rows, 0, kMillion, kFillSeed, kRefillChunk);  // the same cache, other chunks
   m.step(rows);
   const std::vector<float> second = m.read_logits();
   const bool same = first.size() == second.size() && std::memcmp(first.data(), second.data(), first.size() * 4) == 0;
   char line[300];
   std::snprintf(line, sizeof line,
                 "\n1M-token context (%d tokens), nvfp4, batch 1: TPOT %.2f ms; last-token logits after a refill in "
-                "65536-token chunks %s those after 4096-token chunks\n",
-                kMillion, us / 1e3, same ? "equal, bit for bit," : "DIFFER from");
+                "%d-token chunks %s those after %d-token chunks\n",
+                kMillion, us / 1e3, kRefillChunk, same ? "equal, bit for bit," : "DIFFER from", kFillChunk);
   std::printf("%s", line);
   run.md += line;
   run.j["million"] = {{"tokens", kMillion}, {"tpot_us", us}, {"refill_identical", same}};

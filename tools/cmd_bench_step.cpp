@@ -56,14 +56,14 @@ StepPoint run_point(const engine::GpuWeights& w, const std::string& preset, int 
   o.max_context = context + cache::kPage;
   const int pages = (o.max_context + cache::kPage - 1) / cache::kPage;
   pt.cache_gb = cache_bytes(w.config(), r, batch, pages) / 1e9;
-  if (pt.cache_gb * 1e9 > 0.92 * free_device_bytes()) {
+  if (!cache_fits_on_device(pt.cache_gb * 1e9)) {
     pt.note = "cache of " + std::to_string(pt.cache_gb) + " GB does not fit beside the weights";
     return pt;
   }
   engine::GpuModel m(w, r, nullptr, o);  // random weights: no calibration (keys not smoothed)
   const engine::StepRows rows = rows_at(m, batch, context);
-  m.fill_random_context(rows, context, 7);
-  for (int i = 0; i < 3; ++i) m.step(rows);  // captures the graph
+  m.fill_random_context(rows, context, kFillSeed);
+  for (int i = 0; i < kWarmupSteps; ++i) m.step(rows);
   pt.graph_us = median_step_us(m, rows, runs);
   m.set_cuda_graphs(false);
   m.step(rows);

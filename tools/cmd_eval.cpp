@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <memory>
 
-#include "fp4kv/attention/decode.h"
 #include "fp4kv/engine/gpu_generator.h"
 #include "fp4kv/engine/gpu_weights.h"
 #include "fp4kv/model/qwen3_config.h"
@@ -57,13 +56,12 @@ eval::ForcedLogitsFn gpu_forced_logits(const std::string& model_dir) {
 void check_gpu_recipes(const eval::EvalOptions& o) {
   if (!std::filesystem::is_directory(o.model_dir)) return;
   const model::Qwen3Config c = model::Qwen3Config::load_dir(o.model_dir);
-  const attention::DecodeGeometry g{c.num_attention_heads, c.num_key_value_heads, c.head_dim};
   std::vector<Recipe> recipes = o.configs;
   recipes.push_back(parse_recipe(o.reference));
   recipes.push_back(parse_recipe(o.baseline));
   for (const Recipe& r : recipes) {
     try {
-      attention::DecodeAttention::check_supported(g, r, attention::DecodeCapacity{1, 1, 1});
+      engine::check_gpu_recipe(c, r);
     } catch (const Error& e) {
       throw Error(std::string("--device cuda: ") + e.what() + "; evaluate it with --device cpu");
     }

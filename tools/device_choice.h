@@ -7,17 +7,14 @@
 
 #include "fp4kv/core/error.h"
 #ifdef FP4KV_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include "fp4kv/cache/cuda_check.h"
 #endif
 
 namespace fp4kv::cli {
 
 inline bool cuda_device_visible() {
 #ifdef FP4KV_HAVE_CUDA
-  int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  if (!ok) (void)cudaGetLastError();
-  return ok;
+  return cache::cuda_device_visible();
 #else
   return false;
 #endif

@@ -5,7 +5,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <numeric>
 #include <vector>
 
 #include "fp4kv/cache/cuda_check.h"
@@ -14,6 +13,11 @@
 #include "fp4kv/engine/gpu_model.h"
 
 namespace fp4kv::cli {
+
+// Steps run before a timing: the first captures the step's graph and tunes its GEMMs.
+inline constexpr int kWarmupSteps = 3;
+// Seed of the random K/V a benchmark fills its cache with (speed does not depend on it).
+inline constexpr uint64_t kFillSeed = 7;
 
 // Median of `runs` steps of `rows`, each bracketed by CUDA events on the model's stream.
 inline double median_step_us(engine::GpuModel& m, const engine::StepRows& rows, int runs) {
@@ -35,12 +39,7 @@ inline double median_step_us(engine::GpuModel& m, const engine::StepRows& rows, 
 // `batch` requests at `context` tokens each, request r owning blocks [r * pages, (r + 1) * pages);
 // each row feeds token 1 at position `context` (seq_len context + 1).
 inline engine::StepRows rows_at(const engine::GpuModel& m, int batch, int context) {
-  engine::StepRows rows;
-  rows.tokens.assign(batch, 1);
-  rows.seq_lens.assign(batch, context + 1);
-  rows.block_tables.resize(size_t(batch) * m.max_pages());
-  std::iota(rows.block_tables.begin(), rows.block_tables.end(), 0);
-  return rows;
+  return engine::consecutive_rows(batch, m.max_pages(), context + 1, /*token=*/1);
 }
 
 // Bytes of `pages` cache pages of every layer and KV head for `batch` requests.
@@ -49,11 +48,13 @@ inline double cache_bytes(const model::Qwen3Config& c, const Recipe& r, int batc
   return double(L.bytes) * c.num_key_value_heads * c.num_hidden_layers * double(batch) * double(pages);
 }
 
-// Free device memory now.
-inline double free_device_bytes() {
+// Whether a cache of `bytes` fits in the device memory free now, leaving 8 % of it for the
+// engine's activations, workspaces and graphs.
+inline bool cache_fits_on_device(double bytes) {
+  constexpr double kCacheShareOfFree = 0.92;
   size_t free_bytes = 0, total = 0;
   cache::cuda_check(cudaMemGetInfo(&free_bytes, &total), "bench: memory");
-  return double(free_bytes);
+  return bytes <= kCacheShareOfFree * double(free_bytes);
 }
 
 }  // namespace fp4kv::cli

@@ -22,6 +22,14 @@ inline void cuda_check(cudaError_t e, std::string_view what) {
     throw_cuda_error(e, what);
 }
 
+// Whether a CUDA device is visible; leaves no sticky "no device" error behind.
+inline bool cuda_device_visible() {
+  int n = 0;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (!ok) (void)cudaGetLastError();
+  return ok;
+}
+
 // Checks the last kernel launch (configuration errors surface here, not at the launch).
 inline void cuda_check_launch(std::string_view what) { cuda_check(cudaGetLastError(), what); }
 

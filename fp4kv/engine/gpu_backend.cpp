@@ -9,10 +9,14 @@ namespace fp4kv::engine {
 GpuBackend::GpuBackend(GpuModel& model, bool synthetic_prefill)
     : model_(model), synthetic_prefill_(synthetic_prefill), blocks_(model.num_blocks()) {}
 
-StepRows GpuBackend::table_of(uint64_t request) const {
+void GpuBackend::append_table(uint64_t request, std::vector<int32_t>& tables) const {
   const std::vector<int>& held = blocks_.blocks(request);
+  for (int p = 0; p < model_.max_pages(); ++p) tables.push_back(p < int(held.size()) ? held[p] : held[0]);
+}
+
+StepRows GpuBackend::table_of(uint64_t request) const {
   StepRows rows;
-  for (int p = 0; p < model_.max_pages(); ++p) rows.block_tables.push_back(p < int(held.size()) ? held[p] : held[0]);
+  append_table(request, rows.block_tables);
   rows.tokens = {0};
   rows.seq_lens = {1};
   return rows;
@@ -20,15 +24,14 @@ StepRows GpuBackend::table_of(uint64_t request) const {
 
 void GpuBackend::add_row(uint64_t request, int token, StepRows& rows) {
   int& length = lengths_[request];
-  require(length < model_.options().max_context,
-          "GpuBackend: request " + std::to_string(request) + " would pass the engine's max_context of " +
-              std::to_string(model_.options().max_context) + " tokens");
+  if (length >= model_.options().max_context)  // every step: the message only on failure
+    throw Error("GpuBackend: request " + std::to_string(request) + " would pass the engine's max_context of " +
+                std::to_string(model_.options().max_context) + " tokens");
   blocks_.reserve(request, length + 1);
   ++length;
-  const std::vector<int>& held = blocks_.blocks(request);
   rows.tokens.push_back(token);
   rows.seq_lens.push_back(length);
-  for (int p = 0; p < model_.max_pages(); ++p) rows.block_tables.push_back(p < int(held.size()) ? held[p] : held[0]);
+  append_table(request, rows.block_tables);
 }
 
 std::vector<float> GpuBackend::prefill(uint64_t request, const std::vector<int>& tokens) {
@@ -98,8 +101,8 @@ void GpuBackend::run_decode(const std::vector<uint64_t>& requests, const std::ve
           "GpuBackend::decode: one token per request, at least one request");
   StepRows rows;
   for (size_t i = 0; i < requests.size(); ++i) {
-    require(lengths_.count(requests[i]) != 0,
-            "GpuBackend::decode: request " + std::to_string(requests[i]) + " has no state (prefill it first)");
+    if (lengths_.count(requests[i]) == 0)
+      throw Error("GpuBackend::decode: request " + std::to_string(requests[i]) + " has no state (prefill it first)");
     add_row(requests[i], tokens[i], rows);
   }
   model_.step(rows);

@@ -51,6 +51,8 @@ class GpuBackend : public Backend {
   void run_decode(const std::vector<uint64_t>& requests, const std::vector<int>& tokens);
   // Reserves the block for one more token of `request` and appends its row to `rows`.
   void add_row(uint64_t request, int token, StepRows& rows);
+  // Appends `request`'s block-table row: its blocks, padded with its first.
+  void append_table(uint64_t request, std::vector<int32_t>& tables) const;
   // The one-row step rows of `request` (its block table; token and length not set).
   StepRows table_of(uint64_t request) const;
 

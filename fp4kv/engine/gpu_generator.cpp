@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <numeric>
 #include <string>
 
 #include "fp4kv/core/error.h"
@@ -13,16 +12,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Rows of `batch` requests, request i owning blocks [i * pages, (i + 1) * pages).
-StepRows rows_for(int batch, int max_pages) {
-  StepRows rows;
-  rows.tokens.assign(batch, 0);
-  rows.seq_lens.assign(batch, 0);
-  rows.block_tables.resize(size_t(batch) * max_pages);
-  std::iota(rows.block_tables.begin(), rows.block_tables.end(), 0);
-  return rows;
 }
 
 }  // namespace
@@ -38,7 +27,7 @@ GenerateStats generate_on_gpu(GpuModel& model, const std::vector<int>& prompt, c
   require((long long)model.max_pages() <= model.num_blocks(), "generate: the cache has fewer blocks than one request needs");
   GenerateStats stats;
   stats.prompt_tokens = int(prompt.size());
-  StepRows rows = rows_for(1, model.max_pages());
+  StepRows rows = consecutive_rows(1, model.max_pages());
   auto t0 = std::chrono::steady_clock::now();
   for (size_t t = 0; t < prompt.size(); ++t) {
     rows.tokens[0] = prompt[t];

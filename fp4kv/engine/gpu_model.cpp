@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <string>
 
 #include "fp4kv/attention/kv_cache_adapter.h"
@@ -82,7 +83,8 @@ struct GpuModel::Activations {
 
 struct GpuModel::Staging {
   int32_t *tokens = nullptr, *positions = nullptr, *seq_lens = nullptr, *block_tables = nullptr;
-  int32_t *sampled = nullptr, *flags = nullptr;
+  int32_t *sampled = nullptr, *flags = nullptr;  // flags: [0] the ops', [1] the cache's
+  static constexpr int kFlagWords = 2;
   SamplingRow* params = nullptr;
   std::vector<void*> owned;
 
@@ -99,7 +101,7 @@ struct GpuModel::Staging {
     seq_lens = pinned<int32_t>(B);
     block_tables = pinned<int32_t>(size_t(B) * max_pages);
     sampled = pinned<int32_t>(B);
-    flags = pinned<int32_t>(1);
+    flags = pinned<int32_t>(kFlagWords);
     params = pinned<SamplingRow>(B);
   }
   ~Staging() {
@@ -136,6 +138,24 @@ GpuModelOptions resolve(const model::Qwen3Config& c, GpuModelOptions o) {
 
 }  // namespace
 
+StepRows consecutive_rows(int batch, int max_pages, int seq_len, int token) {
+  StepRows rows;
+  rows.tokens.assign(batch, token);
+  rows.seq_lens.assign(batch, seq_len);
+  rows.block_tables.resize(size_t(batch) * max_pages);
+  std::iota(rows.block_tables.begin(), rows.block_tables.end(), 0);
+  return rows;
+}
+
+long long gpu_kv_budget(double utilization) {
+  require(utilization > 0 && utilization <= 1,
+          "--gpu-memory-utilization must be in (0, 1], got " + std::to_string(utilization));
+  size_t free_bytes = 0, total = 0;
+  cuda_check(cudaMemGetInfo(&free_bytes, &total), "GPU memory");
+  const double allowed = utilization * double(total) - double(total - free_bytes);
+  return std::max(0LL, (long long)allowed - kGpuActivationReserveBytes);
+}
+
 GpuModel::GpuModel(const GpuWeights& weights, const Recipe& recipe, const float* mu_k, const GpuModelOptions& options)
     : weights_(weights), recipe_(recipe), options_(resolve(weights.config(), options)) {
   const model::Qwen3Config& c = weights.config();
@@ -147,7 +167,7 @@ GpuModel::GpuModel(const GpuWeights& weights, const Recipe& recipe, const float*
   cc.max_slots = options_.max_slots;
   cc.max_batch = options_.max_batch;
   cc.max_pages = pages_for(options_.max_context);
-  const attention::DecodeGeometry geometry{c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+  const attention::DecodeGeometry geometry = decode_geometry(c);
   attention::DecodeAttention::check_supported(geometry, recipe_,
                                               attention::DecodeCapacity{cc.max_batch, cc.max_pages, cc.max_splits});
   cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "GpuModel: stream");
@@ -173,24 +193,26 @@ GpuModel::~GpuModel() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
+// Runs every step: the messages are built only when a check fails.
 void GpuModel::check_rows(const StepRows& rows) const {
   const int B = rows.batch(), P = max_pages();
-  require(B >= 1 && B <= options_.max_batch, "GpuModel::step: batch " + std::to_string(B) +
-                                                 " outside [1, " + std::to_string(options_.max_batch) + "]");
-  require(int(rows.seq_lens.size()) == B && rows.block_tables.size() == size_t(B) * P,
-          "GpuModel::step: seq_lens must have batch entries and block_tables batch * " + std::to_string(P));
+  if (B < 1 || B > options_.max_batch)
+    throw Error("GpuModel::step: batch " + std::to_string(B) + " outside [1, " + std::to_string(options_.max_batch) + "]");
+  if (int(rows.seq_lens.size()) != B || rows.block_tables.size() != size_t(B) * P)
+    throw Error("GpuModel::step: seq_lens must have batch entries and block_tables batch * " + std::to_string(P));
   for (int r = 0; r < B; ++r) {
-    const std::string row = "GpuModel::step: row " + std::to_string(r) + ": ";
-    require(rows.tokens[r] >= 0 && rows.tokens[r] < config().vocab_size,
-            row + "token " + std::to_string(rows.tokens[r]) + " outside the vocabulary");
+    const auto row = [r] { return "GpuModel::step: row " + std::to_string(r) + ": "; };
+    if (rows.tokens[r] < 0 || rows.tokens[r] >= config().vocab_size)
+      throw Error(row() + "token " + std::to_string(rows.tokens[r]) + " outside the vocabulary");
     const int len = rows.seq_lens[r];
-    require(len >= 1 && len <= options_.max_context,
-            row + "sequence length " + std::to_string(len) + " outside [1, " + std::to_string(options_.max_context) +
-                "] (max_context)");
+    if (len < 1 || len > options_.max_context)
+      throw Error(row() + "sequence length " + std::to_string(len) + " outside [1, " +
+                  std::to_string(options_.max_context) + "] (max_context)");
     for (int p = 0; p < pages_for(len); ++p) {
       const int32_t b = rows.block_tables[size_t(r) * P + p];
-      require(b >= 0 && b < num_blocks(), row + "block " + std::to_string(b) + " outside the cache's " +
-                                              std::to_string(num_blocks()) + " blocks");
+      if (b < 0 || b >= num_blocks())
+        throw Error(row() + "block " + std::to_string(b) + " outside the cache's " + std::to_string(num_blocks()) +
+                    " blocks");
     }
   }
 }
@@ -349,9 +371,9 @@ void GpuModel::fill_random_tokens(const StepRows& rows, int first, int count, ui
   std::vector<void*> owned;
   float* k = device_array<float>(size_t(step) * row, owned, "fill k");
   float* v = device_array<float>(size_t(step) * row, owned, "fill v");
-  // Keys and values of unit scale: what QK-norm'd keys and BF16 values look like to the
-  // quantizer (the speed of the path does not depend on the values).
-  constexpr float kAmplitude = 1.7320508f;
+  // Keys and values of unit standard deviation: what QK-norm'd keys and BF16 values look like
+  // to the quantizer (the speed of the path does not depend on the values).
+  constexpr float kAmplitude = kUniformAmplitudePerStd;
   try {
     for (int r = 0; r < rows.batch(); ++r) {
       const int32_t* block_row = act_->block_tables + size_t(r) * max_pages();
@@ -408,19 +430,25 @@ void GpuModel::step(const StepRows& rows) {
   last_replayed_ = true;
 }
 
+// Every step that is read back: the ops' and the cache's sticky flags (step_plan.h) in one
+// copy and the one synchronization the step has anyway; messages only on failure.
 void GpuModel::check_errors() const {
-  cuda_check(cudaMemcpyAsync(staging_->flags, act_->flags, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+  int32_t* flags = staging_->flags;
+  cuda_check(cudaMemcpyAsync(&flags[0], act_->flags, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
              "GpuModel: error flags");
+  cuda_check(cudaMemcpyAsync(&flags[1], cache_->plan().error_flags, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+             "GpuModel: cache error flags");
   synchronize();
-  const int32_t op_flags = *staging_->flags;
-  require(!(op_flags & ops::kErrorTokenOutOfRange), "GpuModel: a token id outside the vocabulary reached the GPU");
-  require(!(op_flags & ops::kErrorPositionOutOfRange), "GpuModel: a position outside the RoPE table reached the GPU");
-  const int32_t cache_flags = cache_->error_flags();
-  require(!(cache_flags & cache::kErrorSlotsExhausted),
-          "GpuModel: more requests in a step than BF16 slots (max_slots " + std::to_string(options_.max_slots) + ")");
-  require(!(cache_flags & cache::kErrorBadSequence), "GpuModel: a step had a bad sequence length or block id");
-  require(!(cache_flags & cache::kErrorDuplicateRequest), "GpuModel: a request appeared twice in one step");
-  require(cache_flags == 0, "GpuModel: cache error flags " + std::to_string(cache_flags));
+  const int32_t op_flags = flags[0], cache_flags = flags[1];
+  if (op_flags == 0 && cache_flags == 0) return;
+  if (op_flags & ops::kErrorTokenOutOfRange) throw Error("GpuModel: a token id outside the vocabulary reached the GPU");
+  if (op_flags & ops::kErrorPositionOutOfRange) throw Error("GpuModel: a position outside the RoPE table reached the GPU");
+  if (cache_flags & cache::kErrorSlotsExhausted)
+    throw Error("GpuModel: more requests in a step than BF16 slots (max_slots " + std::to_string(options_.max_slots) +
+                ")");
+  if (cache_flags & cache::kErrorBadSequence) throw Error("GpuModel: a step had a bad sequence length or block id");
+  if (cache_flags & cache::kErrorDuplicateRequest) throw Error("GpuModel: a request appeared twice in one step");
+  throw Error("GpuModel: error flags " + std::to_string(op_flags) + " (ops), " + std::to_string(cache_flags) + " (cache)");
 }
 
 std::vector<float> GpuModel::read_logits() const {
@@ -434,8 +462,9 @@ std::vector<float> GpuModel::read_logits() const {
 
 std::vector<int32_t> GpuModel::sample(const std::vector<SamplingRow>& params) {
   require(last_batch_ > 0, "GpuModel::sample: no step has run");
-  require(int(params.size()) == last_batch_, "GpuModel::sample: " + std::to_string(params.size()) +
-                                                 " sampling rows for a step of " + std::to_string(last_batch_));
+  if (int(params.size()) != last_batch_)  // every step: the message only on failure
+    throw Error("GpuModel::sample: " + std::to_string(params.size()) + " sampling rows for a step of " +
+                std::to_string(last_batch_));
   std::copy(params.begin(), params.end(), staging_->params);
   const size_t B = size_t(last_batch_);
   cuda_check(cudaMemcpyAsync(act_->params, staging_->params, B * sizeof(SamplingRow), cudaMemcpyHostToDevice, stream_),

@@ -50,6 +50,14 @@ struct StepProfile {
   double total_us = 0;
 };
 
+// GPU memory kept free beside the KV cache for activations, cuBLASLt workspaces and graphs.
+inline constexpr long long kGpuActivationReserveBytes = 1LL << 30;
+
+// The KV budget that `utilization` of the device's memory leaves after what is in use now
+// (the weights, loaded first) and the activation reserve; 0 when nothing is left. Throws
+// fp4kv::Error for a utilization outside (0, 1].
+long long gpu_kv_budget(double utilization);
+
 struct GpuModelOptions {
   int max_batch = 1;         // rows of a step
   int max_context = 0;       // tokens of one request (0: the model's max_position_embeddings)
@@ -70,6 +78,20 @@ struct StepRows {
   std::vector<int32_t> block_tables;
   int batch() const { return int(tokens.size()); }
 };
+
+// The decode-attention geometry of a model's layers.
+inline attention::DecodeGeometry decode_geometry(const model::Qwen3Config& c) {
+  return {c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+}
+// Throws fp4kv::Error unless the GPU has a decode kernel for `recipe` on this model's shape
+// (DecodeAttention::check_supported; no CUDA call): for checks before anything loads.
+inline void check_gpu_recipe(const model::Qwen3Config& c, const Recipe& recipe) {
+  attention::DecodeAttention::check_supported(decode_geometry(c), recipe, attention::DecodeCapacity{1, 1, 1});
+}
+
+// Rows of `batch` requests where request r owns blocks [r * max_pages, (r + 1) * max_pages),
+// every row feeding `token` with sequence length `seq_len`.
+StepRows consecutive_rows(int batch, int max_pages, int seq_len = 1, int token = 0);
 
 class GpuModel {
  public:

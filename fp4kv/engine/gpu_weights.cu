@@ -200,7 +200,7 @@ GpuWeights GpuWeights::random(const model::Qwen3Config& shape, uint64_t seed) {
   GpuWeights w(config);
   w.random_ = true;
   const LayerSizes ls = layer_sizes(config);
-  const float amplitude = kRandomStd * 1.7320508f;
+  const float amplitude = kRandomStd * kUniformAmplitudePerStd;
   uint64_t stream_id = 0;
   auto fill = [&](const __nv_bfloat16* t, size_t n) {
     fill_random_kernel<<<1024, 256>>>(const_cast<__nv_bfloat16*>(t), n, seed * 0x100000001B3ull + (++stream_id << 40),

@@ -32,6 +32,9 @@ model::Qwen3Config known_shape(const std::string& name);
 // "NAME:random" -> true and *shape = NAME; anything else -> false.
 bool is_random_model_spec(const std::string& spec, std::string* shape);
 
+// A uniform distribution on [-a, a) has standard deviation a / sqrt(3).
+inline constexpr float kUniformAmplitudePerStd = 1.7320508f;  // sqrt(3)
+
 // out[i] = uniform in [-amplitude, amplitude), a hash of (seed, first + i), on the device
 // (random weights, random cache contents for speed work): element first + i has the same
 // value however a tensor is cut into calls.

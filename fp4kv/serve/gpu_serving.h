@@ -21,9 +21,6 @@
 
 namespace fp4kv::serve {
 
-// GPU memory kept free beside the cache for activations, cuBLASLt workspaces and graphs.
-inline constexpr long long kGpuActivationReserveBytes = 1LL << 30;
-
 struct GpuServeSetup {
   std::string model_dir = "models/pk8l";
   std::string kv = "nvfp4";

@@ -100,7 +100,8 @@ constexpr int kListenBacklog = 1024;
 // not exposed, so find it (listening, bound to `port`) and listen again with a deep queue;
 // Linux takes a second listen() as a new backlog.
 void widen_listen_backlog(int port) {
-  for (int fd = 0; fd < 4096; ++fd) {
+  constexpr int kFdsSearched = 4096;  // the server's socket is among the process's first descriptors
+  for (int fd = 0; fd < kFdsSearched; ++fd) {
     int listening = 0;
     socklen_t len = sizeof listening;
     if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
@@ -312,7 +313,8 @@ bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
   if (c.timed_out) return sink.is_writable();
   if (!c.tokens.empty() && s->completion_tokens == 0) s->first_token = Clock::now();
   s->completion_tokens += int(c.tokens.size());
-  s->held += codec_.decode(c.tokens);
+  const std::string piece = codec_.decode(c.tokens);
+  s->held += piece;
   const bool last = c.finished != engine::FinishReason::none;
   s->ended = last;
   const size_t ready = last ? s->held.size() : utf8_complete_prefix(s->held);
@@ -325,7 +327,7 @@ bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
     events += sse_event(completion_chunk_json(s->name, model_.model_name, s->created, s->held.substr(0, ready),
                                               engine::FinishReason::none, std::nullopt, lp));
   }
-  s->text_offset += codec_.decode(c.tokens).size();
+  s->text_offset += piece.size();
   s->held.erase(0, ready);
   if (last) {
     events += sse_event(completion_chunk_json(s->name, model_.model_name, s->created, "", c.finished));

@@ -4,6 +4,7 @@
 #include <climits>
 #include <filesystem>
 
+#include "fp4kv/core/error.h"
 #include "fp4kv/model/byte_tokenizer.h"
 
 namespace fp4kv::serve {
@@ -29,6 +30,22 @@ engine::SchedulerConfig scheduler_config(int max_batch, int total_blocks) {
   config.prefill_chunk = kPrefillChunk;
   config.total_blocks = total_blocks;
   return config;
+}
+
+Recipe check_serving_setup(const std::string& kv, int max_batch) {
+  require(max_batch >= 1, "--max-batch must be >= 1, got " + std::to_string(max_batch));
+  Recipe r = parse_recipe(kv);
+  require(r.kv != KvFormat::fp32, "--kv fp32 is the exact reference, not a cache format; serve bf16, fp8 or an FP4 preset");
+  return r;
+}
+
+engine::CacheCapacity serving_capacity(const Recipe& recipe, const model::Qwen3Config& c, long long budget_bytes,
+                                       int max_batch) {
+  const engine::CacheCapacity cap = engine::cache_capacity(
+      recipe.kv, {c.num_hidden_layers, c.num_key_value_heads, c.head_dim}, budget_bytes, max_batch);
+  require(cap.blocks >= 1,
+          "the KV budget of " + std::to_string(budget_bytes) + " bytes buys no cache block; give a larger budget");
+  return cap;
 }
 
 }  // namespace fp4kv::serve

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "fp4kv/core/recipe.h"
+#include "fp4kv/engine/block_allocator.h"
 #include "fp4kv/engine/engine.h"
 #include "fp4kv/model/qwen3_config.h"
 #include "fp4kv/serve/openai_api.h"
@@ -21,5 +23,13 @@ engine::TextCodec byte_codec();
 // when the config has none).
 ModelLimits model_limits(const std::string& model_dir, const model::Qwen3Config& config);
 engine::SchedulerConfig scheduler_config(int max_batch, int total_blocks);
+
+// The setup's own values, checked before anything loads: max_batch >= 1 and a recipe the
+// cache stores (fp32, the exact reference, is refused). Returns the parsed recipe.
+Recipe check_serving_setup(const std::string& kv, int max_batch);
+// The block pool `budget_bytes` buys for the recipe on the model's shape, with BF16 slots for
+// max_batch requests; throws fp4kv::Error when it buys no block.
+engine::CacheCapacity serving_capacity(const Recipe& recipe, const model::Qwen3Config& config, long long budget_bytes,
+                                       int max_batch);
 
 }  // namespace fp4kv::serve

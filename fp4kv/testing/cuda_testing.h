@@ -23,12 +23,13 @@
 
 namespace fp4kv::testing {
 
-inline bool have_gpu() {
-  int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  if (!ok) (void)cudaGetLastError();  // leave no sticky "no device" error behind
-  return ok;
-}
+inline bool have_gpu() { return cache::cuda_device_visible(); }
+
+// First statement of a GPU test (where <gtest/gtest.h> is included): skips without a device.
+#define SKIP_WITHOUT_GPU()                                                                 \
+  do {                                                                                     \
+    if (!::fp4kv::testing::have_gpu()) GTEST_SKIP() << "no CUDA device";                   \
+  } while (0)
 
 template <class T>
 class DeviceBuffer {

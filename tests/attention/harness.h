@@ -31,10 +31,6 @@ namespace fp4kv::test {
 using fp4kv::testing::DeviceBuffer;
 using fp4kv::testing::HostStepPlan;
 
-// First statement of a GPU test (needs <gtest/gtest.h>).
-#define SKIP_WITHOUT_GPU() \
-  if (!::fp4kv::testing::have_gpu()) GTEST_SKIP() << "no CUDA device"
-
 struct Case {
   std::string recipe = "nvfp4";
   int d = 128;

@@ -27,11 +27,6 @@ namespace fp4kv::cache::test {
 
 using fp4kv::testing::DeviceBuffer;
 
-#define FP4KV_REQUIRE_GPU()                                                         \
-  do {                                                                              \
-    if (!::fp4kv::testing::have_gpu()) GTEST_SKIP() << "no CUDA device";            \
-  } while (0)
-
 // Normal data with outliers: a few large channels (as real keys have), rare huge
 // elements, some all-zero and some tiny blocks (E4M3 subnormal scales).
 inline std::vector<float> random_tokens(int n, int heads, int d, unsigned seed, float scale = 1.0f) {

@@ -45,7 +45,7 @@ struct StepDriver {
 };
 
 TEST(ControlKernel, SlotAssignmentFollowsLeastRecentlySeen) {
-  FP4KV_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   KvCache cache(small_config(4, 8), parse_recipe("nvfp4"));
   StepDriver drv{cache, 4};
   const int A = 10, B = 20, C = 30, D = 40, E = 50, F = 0;
@@ -89,7 +89,7 @@ TEST(ControlKernel, SlotAssignmentFollowsLeastRecentlySeen) {
 }
 
 TEST(ControlKernel, PrefillClaimsSlotAndDecodeFindsIt) {
-  FP4KV_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   KvCache cache(small_config(2, 4), parse_recipe("nvfp4"));
   StepDriver drv{cache, 4};
   DeviceBuffer<int32_t> row_a(std::vector<int32_t>{10, 11, 12, 13}), row_b(std::vector<int32_t>{20, 21, 22, 23});
@@ -116,7 +116,7 @@ TEST(ControlKernel, PrefillClaimsSlotAndDecodeFindsIt) {
 }
 
 TEST(ControlKernel, MoreRequestsThanSlotsRaisesFlagAndTouchesNothing) {
-  FP4KV_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   KvCache cache(small_config(4, 8), parse_recipe("nvfp4"));
   StepDriver drv{cache, 4};
   ASSERT_EQ(drv.step({0, 10, 20, 30}, {128, 20, 20, 20}), 0);
@@ -154,7 +154,7 @@ TEST(ControlKernel, MoreRequestsThanSlotsRaisesFlagAndTouchesNothing) {
 }
 
 TEST(ControlKernel, BadStepsRaiseFlags) {
-  FP4KV_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   KvCache cache(small_config(4, 8), parse_recipe("nvfp4"));
   StepDriver drv{cache, 4};
   EXPECT_EQ(drv.step({10, 10}), kErrorDuplicateRequest);
@@ -172,7 +172,7 @@ TEST(ControlKernel, BadStepsRaiseFlags) {
 }
 
 TEST(ControlKernel, SplitPlanPagesAndPromotions) {
-  FP4KV_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   for (const char* spec : {"nvfp4", "nvfp4:no-recent", "bf16", "fp8"}) {
     const Recipe recipe = parse_recipe(spec);
     const int heads = 8, max_pages = 64, batch = 64;
@@ -219,7 +219,7 @@ TEST(ControlKernel, SplitPlanPagesAndPromotions) {
 // ---- CUDA graph ---------------------------------------------------------------------------
 
 TEST(CacheGraph, CapturedStepReplaysLikeEagerLaunches) {
-  FP4KV_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   for (const char* spec : {"nvfp4", "mxfp4-vanilla:no-recent"}) {
     KvCacheConfig cfg = small_config(4, 3, 2, 16, 4);
     cfg.layers = 3;

@@ -131,7 +131,7 @@ struct Stepper {
 class PageBytes : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(PageBytes, PrefillMatchesCpuQuantizer) {
-  FP4KV_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   const auto [spec, d] = GetParam();
   Harness hx(spec, d, 2, 2, 16, 4);
   // 300 tokens: two full pages and a partial one; 256: page-aligned end.
@@ -164,7 +164,7 @@ INSTANTIATE_TEST_SUITE_P(Recipes, PageBytes,
 class Incremental : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(Incremental, ChunkedPrefillAppendsAndPromotionsEqualPrefillAtOnce) {
-  FP4KV_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   const auto [spec, d] = GetParam();
   const int steps = 160, max_pages = 4;
   Harness hx(spec, d, 2, 2, 40, max_pages, 8, 4);
@@ -206,7 +206,7 @@ TEST_P(Incremental, ChunkedPrefillAppendsAndPromotionsEqualPrefillAtOnce) {
 }
 
 TEST_P(Incremental, ChunkedPrefillEqualsWhole) {
-  FP4KV_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   const auto [spec, d] = GetParam();
   Harness hx(spec, d, 1, 2, 16, 6);
   Request chunked = hx.make_request({0, 2, 4, 6, 8, 10}, 700, 3);
@@ -238,7 +238,7 @@ INSTANTIATE_TEST_SUITE_P(Recipes, Incremental,
 // ---- Non-finite inputs ------------------------------------------------------------------------
 
 TEST(KvCacheNonFinite, CountedAndEncodedAsZero) {
-  FP4KV_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   for (const char* spec : {"nvfp4", "nvfp4-vanilla:no-recent", "mxfp4:no-rotate", "fp8:no-recent", "bf16"}) {
     Harness hx(spec, 64, 1, 2, 8, 3, 4, 2);
     Request r = hx.make_request({4, 1, 6}, 260, 5);
@@ -288,7 +288,7 @@ TEST(KvCacheErrors, UnsupportedShapeOrFormatIsRejectedEarly) {
 }
 
 TEST(KvCacheErrors, BadArgumentsThrow) {
-  FP4KV_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   Harness hx("nvfp4", 64, 2, 2, 8, 2, 4, 2);
   KvCache& c = *hx.cache;
   DeviceBuffer<int32_t> row(std::vector<int32_t>{1, 2});

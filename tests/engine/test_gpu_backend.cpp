@@ -23,9 +23,6 @@
 namespace fp4kv::engine {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (!::fp4kv::testing::have_gpu()) GTEST_SKIP() << "no CUDA device"
-
 constexpr std::chrono::milliseconds kNoWait{0};
 
 const GpuWeights& pk8l() {

@@ -14,7 +14,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -31,9 +30,6 @@
 
 namespace fp4kv::engine {
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (!::fp4kv::testing::have_gpu()) GTEST_SKIP() << "no CUDA device"
 
 std::string pk8l_dir() { return std::string(FP4KV_SOURCE_DIR) + "/models/pk8l"; }
 
@@ -198,12 +194,7 @@ TEST(GpuModel, SamplingIsDeterministicForASeed) {
   EXPECT_EQ(run(7, 1.0f), run(7, 1.0f));
   EXPECT_NE(run(7, 1.0f), run(8, 1.0f));
   // Greedy draws are the argmax of the step's logits.
-  StepRows rows;
-  rows.tokens = {prompt[0]};
-  rows.seq_lens = {1};
-  rows.block_tables.resize(model.max_pages());
-  std::iota(rows.block_tables.begin(), rows.block_tables.end(), 0);
-  model.step(rows);
+  model.step(consecutive_rows(1, model.max_pages(), 1, prompt[0]));
   const std::vector<float> logits = model.read_logits();
   EXPECT_EQ(model.sample({SamplingRow{}})[0], argmax(logits.data(), w.config().vocab_size));
   model.release(0);
@@ -252,11 +243,8 @@ TEST(GpuWeights, RandomShapesRunAndNamesAreChecked) {
   SKIP_WITHOUT_GPU();
   const GpuWeights w = GpuWeights::random(known_shape("qwen3-0.6b"), 3);
   GpuModel model(w, parse_recipe("nvfp4"), nullptr, small_options(2, 1024));
-  StepRows rows;
+  StepRows rows = consecutive_rows(2, model.max_pages());
   rows.tokens = {11, 151000};
-  rows.seq_lens = {1, 1};
-  rows.block_tables.resize(2 * model.max_pages());
-  std::iota(rows.block_tables.begin(), rows.block_tables.end(), 0);
   model.step(rows);
   const std::vector<float> logits = model.read_logits();
   for (float x : logits) ASSERT_TRUE(std::isfinite(x));

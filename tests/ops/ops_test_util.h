@@ -16,9 +16,6 @@ namespace fp4kv::ops::test {
 
 using fp4kv::testing::DeviceBuffer;
 
-#define SKIP_WITHOUT_GPU() \
-  if (!::fp4kv::testing::have_gpu()) GTEST_SKIP() << "no CUDA device"
-
 // n BF16 values, normal(mean, stddev), as bits.
 inline std::vector<uint16_t> random_bf16(size_t n, float mean, float stddev, uint32_t seed) {
   std::mt19937 rng(seed);
