@@ -120,7 +120,7 @@ model::Qwen3Config known_shape(const std::string& name) {
     return c;
   }
   std::string list;
-  for (const NamedShape& s : kShapes) list += std::string(list.empty() ? "" : ", ") + s.name;
+  for (const std::string& n : known_shape_names()) list += (list.empty() ? "" : ", ") + n;
   throw Error("unknown model shape '" + name + "' (known: " + list + ")");
 }
 

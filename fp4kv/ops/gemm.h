@@ -52,8 +52,6 @@ class Gemm {
   // differ only in summation order.
   static constexpr int kTunedGemv = -1;
   int tune(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaStream_t stream);
-  bool uses_gemv() const { return use_gemv_; }
-  int candidates() const { return num_candidates_; }
 
   const GemmShape& shape() const { return shape_; }
 
