@@ -2,8 +2,11 @@
 # One device call for the GPU engine (carry .devbin; tarball from bench/pack_engine.sh):
 #   bench/device_engine.sh tests    engine + backend GPU tests, memcheck of the engine tests,
 #                                   the serve tests (their CLI server runs on the GPU), generate
-#   bench/device_engine.sh e2e      fp4kv bench e2e (Qwen3-4B shape) and bench step
-#   bench/device_engine.sh serve    fp4kv serve --device cuda + fp4kv load-test (load and soak)
+#   bench/device_engine.sh e2e      fp4kv bench e2e (Qwen3-4B shape)
+#   bench/device_engine.sh step     fp4kv bench gemm and bench step (Qwen3-4B shape), and bench e2e's
+#                                   TPOT and cache-work parts (PARTS=... overrides)
+#   bench/device_engine.sh serve    fp4kv serve --device cuda + fp4kv load-test (load, then two
+#                                   soaks; the server's RSS and GPU memory after each)
 #   bench/device_engine.sh eval     pass-key retrieval at 8192 tokens, >= 600 questions per preset
 #                                   (~90 s per preset on the H200: PRESETS=a,b,c splits the ten
 #                                   presets over calls)
@@ -26,6 +29,8 @@ tests)
       --gtest_filter='*GraphReplay*:*Batched*:*BadSteps*:GpuBackend.One*' > "$OUT"/engine_memcheck.log 2>&1)
   echo "engine memcheck rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT"/engine_memcheck.log | tail -3
   (cd $E && timeout 60 ./fp4kv_ops_gpu_tests 2>&1 | tail -1)
+  (cd $E && timeout 120 compute-sanitizer --tool memcheck ./fp4kv_ops_gpu_tests --gtest_filter='GemmGpu.Gemv*:GemmGpu.Tuned*' \
+      2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tail -3)
   (cd /work/main && timeout 240 $E/fp4kv_serve_tests > "$OUT"/serve_tests.log 2>&1); echo "serve tests rc=$?"
   grep -E "^\[  (FAILED|PASSED)|Failure" "$OUT"/serve_tests.log | head
   timeout 60 $E/fp4kv generate --prompt 'The cat sat on the' --max-tokens 64 2>&1 | tail -2
@@ -34,14 +39,29 @@ e2e)
   timeout 560 $E/fp4kv bench e2e --model qwen3-4b:random --json "$OUT"/e2e.json --markdown "$OUT"/e2e.md \
     > "$OUT"/e2e.log 2>&1; echo "e2e rc=$?"; tail -60 "$OUT"/e2e.log
   ;;
+step)
+  timeout 120 $E/fp4kv bench gemm --model qwen3-4b:random --batches 1,2,4,8,16,64 --json "$OUT"/gemm.json \
+    --markdown "$OUT"/gemm.md > "$OUT"/gemm.log 2>&1; echo "gemm rc=$?"; grep -E "step GEMMs|batch +1 " "$OUT"/gemm.log
+  timeout 200 $E/fp4kv bench step --model qwen3-4b:random --presets bf16,nvfp4 --contexts 4096,32768 --batches 1,64 \
+    --json "$OUT"/step.json --markdown "$OUT"/step.md > "$OUT"/step.log 2>&1; echo "step rc=$?"; cat "$OUT"/step.log
+  timeout 300 $E/fp4kv bench e2e --model qwen3-4b:random --parts ${PARTS:-tpot,overhead} --tpot-contexts 262144 \
+    --json "$OUT"/e2e.json --markdown "$OUT"/e2e.md > "$OUT"/e2e.log 2>&1; echo "e2e rc=$?"; tail -30 "$OUT"/e2e.log
+  ;;
 serve)
   $E/fp4kv serve --device cuda --port 18500 --max-batch 32 > "$OUT"/serve.log 2>&1 &
+  SERVER=$!
+  memory() {  # the server's resident set and GPU memory
+    echo "$1: RSS $(awk '/VmRSS/{print $2, $3}' /proc/$SERVER/status), GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
+  }
   for i in $(seq 60); do grep -q listening "$OUT"/serve.log && break; sleep 1; done; cat "$OUT"/serve.log
+  memory "started"
   timeout 200 $E/fp4kv load-test --port 18500 --clients 32 --requests 8 --max-tokens 64 --json "$OUT"/load.json
-  echo "load rc=$?"
-  timeout 300 $E/fp4kv load-test --port 18500 --clients 32 --requests 100 --max-tokens 8 --cancel-fraction 0.3 \
-    --json "$OUT"/soak.json; echo "soak rc=$?"
-  kill -TERM %1; wait
+  echo "load rc=$?"; memory "after the load run"
+  for soak in 1 2; do
+    timeout 200 $E/fp4kv load-test --port 18500 --clients 32 --requests 100 --max-tokens 8 --cancel-fraction 0.3 \
+      --json "$OUT"/soak$soak.json; echo "soak $soak rc=$?"; memory "after soak $soak"
+  done
+  kill -TERM $SERVER; wait $SERVER; echo "server exit $?"
   ;;
 eval)
   timeout 560 $E/fp4kv eval --device cuda --context 512 --windows 1 --retrieval-docs 64 --retrieval-context 8192 \

@@ -300,8 +300,15 @@ Action add_bench(CLI::App& app) {
   dec->add_option("--sdpa", a->sdpa, "JSON from bench/sdpa_baseline.py (adds the SDPA column)");
   const Action step = add_bench_step(*cmd);
   const Action e2e = add_bench_e2e(*cmd);
+  const Action gemm = add_bench_gemm(*cmd);
   CLI::App* step_cmd = cmd->get_subcommand("step");
-  return [a, dec, step, e2e, step_cmd] { return dec->parsed() ? run_bench(*a) : step_cmd->parsed() ? step() : e2e(); };
+  CLI::App* gemm_cmd = cmd->get_subcommand("gemm");
+  return [a, dec, step, e2e, gemm, step_cmd, gemm_cmd] {
+    if (dec->parsed()) return run_bench(*a);
+    if (step_cmd->parsed()) return step();
+    if (gemm_cmd->parsed()) return gemm();
+    return e2e();
+  };
 }
 
 }  // namespace fp4kv::cli

@@ -239,14 +239,21 @@ GpuModel::Gemms& GpuModel::gemms_for(int batch) {
   auto it = gemms_.find(batch);
   if (it != gemms_.end()) return *it->second;
   auto g = std::make_unique<Gemms>(config(), batch);
-  if (options_.tune_gemms) {  // on layer 0's weights and the step's own buffers (their contents do not matter)
-    const GpuLayerWeights& w = weights_.layer(0);
+  if (options_.tune_gemms) {  // on every layer's weights and the step's own buffers (their contents do not matter)
     Activations& a = *act_;
-    g->qkv.tune(a.h, w.wqkv, a.qkv, stream_);
-    g->o.tune(a.attn, w.wo, a.delta, stream_);
-    g->gate_up.tune(a.h, w.w_gate_up, a.gate_up, stream_);
-    g->down.tune(a.act, w.w_down, a.delta, stream_);
-    g->lm_head.tune(a.h, weights_.lm_head(), a.logits, stream_);
+    std::vector<const __nv_bfloat16*> qkv, o, gate_up, down;
+    for (int l = 0; l < config().num_hidden_layers; ++l) {
+      const GpuLayerWeights& w = weights_.layer(l);
+      qkv.push_back(w.wqkv);
+      o.push_back(w.wo);
+      gate_up.push_back(w.w_gate_up);
+      down.push_back(w.w_down);
+    }
+    g->qkv.tune(a.h, qkv, a.qkv, stream_);
+    g->o.tune(a.attn, o, a.delta, stream_);
+    g->gate_up.tune(a.h, gate_up, a.gate_up, stream_);
+    g->down.tune(a.act, down, a.delta, stream_);
+    g->lm_head.tune(a.h, {weights_.lm_head()}, a.logits, stream_);
   }
   return *gemms_.emplace(batch, std::move(g)).first->second;
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
@@ -87,16 +88,21 @@ void Gemm::release() noexcept {
   workspace_ = nullptr;
 }
 
-int Gemm::tune(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaStream_t stream) {
-  constexpr int kWarmups = 2, kTimed = 5;
+int Gemm::tune(const __nv_bfloat16* x, const std::vector<const __nv_bfloat16*>& weights, void* y,
+               cudaStream_t stream) {
+  require(!weights.empty(), "Gemm::tune: no weights to time on (" + shape_text(shape_) + ")");
+  constexpr int kWarmupPasses = 1, kTimedPasses = 3;
   cudaEvent_t begin = nullptr, end = nullptr;
   cache::cuda_check(cudaEventCreate(&begin), "Gemm::tune: event");
   cache::cuda_check(cudaEventCreate(&end), "Gemm::tune: event");
-  // Time of kTimed runs of the plan as it stands.
+  // Time of kTimedPasses passes over `weights` with the plan as it stands.
   auto time_ms = [&]() {
-    for (int r = 0; r < kWarmups; ++r) run_any(x, w, y, stream);
+    auto pass = [&] {
+      for (const __nv_bfloat16* w : weights) run_any(x, w, y, stream);
+    };
+    for (int r = 0; r < kWarmupPasses; ++r) pass();
     cache::cuda_check(cudaEventRecord(begin, stream), "Gemm::tune: event");
-    for (int r = 0; r < kTimed; ++r) run_any(x, w, y, stream);
+    for (int r = 0; r < kTimedPasses; ++r) pass();
     cache::cuda_check(cudaEventRecord(end, stream), "Gemm::tune: event");
     cache::cuda_check(cudaEventSynchronize(end), "Gemm::tune");
     float ms = 0;

@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <vector>
 
 namespace fp4kv::ops {
 
@@ -47,11 +48,13 @@ class Gemm {
 
   // Times each of the heuristic's candidate algorithms (up to 8), and for m <= 8 our GEMV
   // (ops/gemv.h), on these operands and keeps the fastest; returns its rank in the
-  // heuristic's list (0: the heuristic's first choice) or kTunedGemv. Synchronizes the
-  // stream: call outside graph capture. Every candidate is an FP32-accumulated GEMM; they
-  // differ only in summation order.
+  // heuristic's list (0: the heuristic's first choice) or kTunedGemv. Each timing is a few
+  // passes over `weights` (one model's layers: together larger than the L2 cache, so W is
+  // read from memory as in a decode step; one matrix would be timed out of L2 when it fits).
+  // Synchronizes the stream: call outside graph capture. Every candidate is an
+  // FP32-accumulated GEMM; they differ only in summation order.
   static constexpr int kTunedGemv = -1;
-  int tune(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, cudaStream_t stream);
+  int tune(const __nv_bfloat16* x, const std::vector<const __nv_bfloat16*>& weights, void* y, cudaStream_t stream);
 
   const GemmShape& shape() const { return shape_; }
 

@@ -11,9 +11,9 @@ namespace fp4kv::ops {
 
 namespace {
 
-constexpr int kWarps = 8;  // output features per CTA, one per warp
-constexpr int kChunk = 8;  // BF16 per 16-byte load
-constexpr int kUnroll = 4;
+constexpr int kWarps = 8;          // output features per CTA, one per warp
+constexpr int kChunk = 8;          // BF16 per 16-byte load
+constexpr int kLoadsInFlight = 8;  // W loads a lane issues before it uses any: 4 KiB per warp in flight
 
 __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[kChunk]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -24,6 +24,25 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[kChun
   }
 }
 
+// acc[m] += <W chunk, X[m] chunk> for every row of X.
+template <int M>
+__device__ __forceinline__ void accumulate_chunk(const uint4& w_chunk, const __nv_bfloat16* __restrict__ x, int k,
+                                                 int c, float (&acc)[M]) {
+  float wf[kChunk];
+  bf16x8_to_float(w_chunk, wf);
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float xf[kChunk];
+    bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x + size_t(m) * k) + c), xf);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) acc[m] = fmaf(wf[i], xf[i], acc[m]);
+  }
+}
+
+// A lane owns the chunks lane, lane + 32, ... of W's row. The step is bound by how many bytes
+// are in flight (a Qwen3 row is 5-19 KiB, a whole matrix one or two waves): each pass issues
+// kLoadsInFlight independent streaming loads first, then consumes them in k order, so the
+// per-lane summation order is the plain k order.
 template <int M, bool F32Out>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __nv_bfloat16* __restrict__ x,
                                                            const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
@@ -36,16 +55,17 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __nv_bfloat16* 
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-#pragma unroll kUnroll
-  for (int c = lane; c < chunks; c += 32) {
-    float wf[kChunk];
-    bf16x8_to_float(__ldcs(wrow + c), wf);  // W is read once: stream it past the caches
+  for (int first = lane; first < chunks; first += 32 * kLoadsInFlight) {
+    uint4 wv[kLoadsInFlight];
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float xf[kChunk];
-      bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x + size_t(m) * k) + c), xf);
+    for (int j = 0; j < kLoadsInFlight; ++j) {
+      const int c = first + 32 * j;
+      if (c < chunks) wv[j] = __ldcs(wrow + c);  // W is read once: stream it past the caches
+    }
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) acc[m] = fmaf(wf[i], xf[i], acc[m]);
+    for (int j = 0; j < kLoadsInFlight; ++j) {
+      const int c = first + 32 * j;
+      if (c < chunks) accumulate_chunk<M>(wv[j], x, k, c, acc);
     }
   }
 #pragma unroll

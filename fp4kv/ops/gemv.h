@@ -1,6 +1,6 @@
 // Y[m][n] = X[m][k] W[n][k]^T for a few rows (m <= kGemvMaxRows): the decode step's GEMMs at
 // small batch, where the cost is reading W once. One warp per output feature streams W's row
-// with 16-byte loads (8 BF16 per lane, 4 in flight), multiplies by every X row in FP32 and
+// with 16-byte loads (8 BF16 per lane, 8 per lane in flight), multiplies by every X row in FP32 and
 // reduces across the warp; BF16 or FP32 output. A candidate of ops::Gemm::tune, kept only
 // where it measures faster than cuBLASLt's algorithms.
 //

@@ -26,7 +26,7 @@ void run_product(Runner how, const GemmShape& s, const DeviceBuffer<uint16_t>& d
     return;
   }
   Gemm gemm(s);
-  if (how == Runner::tuned_plan) gemm.tune(as_bf16(dx), as_bf16(dw), y, nullptr);
+  if (how == Runner::tuned_plan) gemm.tune(as_bf16(dx), {as_bf16(dw)}, y, nullptr);
   if (f32)
     gemm.run(as_bf16(dx), as_bf16(dw), static_cast<float*>(y), nullptr);
   else
