@@ -133,6 +133,8 @@ bool is_random_model_spec(const std::string& spec, std::string* shape) {
 }
 
 GpuWeights::GpuWeights(const model::Qwen3Config& config) : config_(config) {
+  require(!config.is_moe(), "GpuWeights: Qwen3-MoE (" + std::to_string(config.num_experts) +
+                                " experts) does not run on the GPU engine yet; the CPU runner (--device cpu) runs it");
   const size_t V = config.vocab_size, H = config.hidden_size;
   const LayerSizes ls = layer_sizes(config);
   const size_t per_layer = aligned(2 * ls.input_norm) + aligned(2 * ls.post_norm) + aligned(2 * ls.q_norm) +

@@ -68,8 +68,13 @@ double forward_pass_bytes(const model::Qwen3Config& c, int64_t tokens, const For
   const double d = c.head_dim, nq = c.num_attention_heads, nkv = c.num_key_value_heads;
   const double layers = c.num_hidden_layers, workers = std::max(1u, std::thread::hardware_concurrency());
   const double qkv = (nq + 2 * nkv) * d;
+  // MLP: the dense block's gate_up and product; the sparse block's router logits and, per
+  // chosen expert, the gathered input, gate_up, product and output (model/moe.cpp).
+  const double dense_mlp = 3 * I;
+  const double sparse_mlp =
+      c.is_moe() ? c.num_experts + double(c.num_experts_per_tok) * (2 * H + 3 * c.moe_intermediate_size) : 0.0;
   // Residual, norm output, projection output, RoPE tables, q/k/v, attention output twice, MLP.
-  const double per_token = 3 * H + d + 2 * qkv + 2 * nq * d + 3 * I;
+  const double per_token = 3 * H + d + 2 * qkv + 2 * nq * d + std::max(dense_mlp, sparse_mlp);
   const double attention = kAttentionKvCopies * 2 * nkv * d * L + workers * kScoreRowsPerWorker * 2 * L;
   double floats = per_token * L + attention + f.logits_copies * L * V;
   if (f.capture_all_layers) floats += layers * qkv * L;

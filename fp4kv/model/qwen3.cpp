@@ -10,6 +10,7 @@
 
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/parallel.h"
+#include "fp4kv/model/moe.h"
 #include "fp4kv/model/safetensors.h"
 
 namespace fp4kv::model {
@@ -119,6 +120,13 @@ void causal_attention(const float* q, const float* k, const float* v, int heads,
 
 int argmax(const float* x, int n) { return int(std::max_element(x, x + n) - x); }
 
+// Whether layer prefix `p`'s experts are stored fused (transformers >= 5 in memory:
+// mlp.experts.gate_up_proj [experts][2 moe_intermediate][hidden], mlp.experts.down_proj) rather
+// than per expert as the Hub's checkpoints are.
+bool fused_experts(const SafetensorsArchive& archive, const std::string& p) {
+  return archive.contains(p + "mlp.experts.gate_up_proj");
+}
+
 }  // namespace
 
 void exact_causal_attention(const float* q, const float* k, const float* v, int heads, int kv_heads, int L,
@@ -151,9 +159,25 @@ Qwen3Model Qwen3Model::load(const std::string& dir) {
     expected[p + "self_attn.o_proj.weight"] = {H, nq * d};
     expected[p + "self_attn.q_norm.weight"] = {d};
     expected[p + "self_attn.k_norm.weight"] = {d};
-    expected[p + "mlp.gate_proj.weight"] = {I, H};
-    expected[p + "mlp.up_proj.weight"] = {I, H};
-    expected[p + "mlp.down_proj.weight"] = {H, I};
+    if (!c.is_sparse_layer(l)) {
+      expected[p + "mlp.gate_proj.weight"] = {I, H};
+      expected[p + "mlp.up_proj.weight"] = {I, H};
+      expected[p + "mlp.down_proj.weight"] = {H, I};
+      continue;
+    }
+    const int64_t E = c.num_experts, EI = c.moe_intermediate_size;
+    expected[p + "mlp.gate.weight"] = {E, H};
+    if (fused_experts(archive, p)) {  // transformers >= 5 in memory: one tensor per projection
+      expected[p + "mlp.experts.gate_up_proj"] = {E, 2 * EI, H};
+      expected[p + "mlp.experts.down_proj"] = {E, H, EI};
+    } else {  // the Hub's checkpoints: one tensor per expert and projection
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        expected[x + "gate_proj.weight"] = {EI, H};
+        expected[x + "up_proj.weight"] = {EI, H};
+        expected[x + "down_proj.weight"] = {H, EI};
+      }
+    }
   }
 
   // Report every mismatch at once: a renamed tensor shows up as one missing and one extra.
@@ -168,7 +192,8 @@ Qwen3Model Qwen3Model::load(const std::string& dir) {
   }
   for (const std::string& name : archive.names()) {
     if (expected.count(name) == 0) {
-      std::string why = "not part of Qwen3ForCausalLM with this config";
+      std::string why = std::string("not part of ") + (c.is_moe() ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM") +
+                        " with this config";
       if (name == "lm_head.weight") why = "tie_word_embeddings is true";
       problems.push_back("unexpected tensor '" + name + "' with shape " + shape_string(archive.info(name).shape) +
                          " (" + why + ")");
@@ -210,8 +235,26 @@ Qwen3Model Qwen3Model::load(const std::string& dir) {
     L.k_norm = read(p + "self_attn.k_norm.weight");
     L.wqkv = stack({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"});
     L.wo = read(p + "self_attn.o_proj.weight");
-    L.w_gate_up = stack({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"});
-    L.w_down = read(p + "mlp.down_proj.weight");
+    if (!c.is_sparse_layer(l)) {
+      L.w_gate_up = stack({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"});
+      L.w_down = read(p + "mlp.down_proj.weight");
+      continue;
+    }
+    L.router = read(p + "mlp.gate.weight");
+    if (fused_experts(archive, p)) {
+      L.expert_gate_up = read(p + "mlp.experts.gate_up_proj");
+      L.expert_down = read(p + "mlp.experts.down_proj");
+    } else {
+      std::vector<std::string> gate_up, down;
+      for (int e = 0; e < c.num_experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        gate_up.push_back(x + "gate_proj.weight");
+        gate_up.push_back(x + "up_proj.weight");
+        down.push_back(x + "down_proj.weight");
+      }
+      L.expert_gate_up = stack(gate_up);
+      L.expert_down = stack(down);
+    }
   }
 
   // transformers (default RoPE): inv_freq = 1 / base^(arange(0, d, 2).float() / d), all float32.
@@ -226,7 +269,8 @@ int64_t Qwen3Model::parameter_count() const {
   int64_t n = int64_t(embed_.size() + final_norm_.size() + lm_head_.size());
   for (const Layer& L : layers_) {
     n += int64_t(L.input_norm.size() + L.post_norm.size() + L.q_norm.size() + L.k_norm.size() + L.wqkv.size() +
-                 L.wo.size() + L.w_gate_up.size() + L.w_down.size());
+                 L.wo.size() + L.w_gate_up.size() + L.w_down.size() + L.router.size() + L.expert_gate_up.size() +
+                 L.expert_down.size());
   }
   return n;
 }
@@ -275,7 +319,7 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, const KvState* pref
                                                             " is outside the vocabulary [0, " +
                                                             std::to_string(c.vocab_size) + ")");
   }
-  const int H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, d = c.head_dim, half = d / 2;
+  const int H = c.hidden_size, V = c.vocab_size, d = c.head_dim, half = d / 2;
   const int nq = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int qkv_width = (nq + 2 * nkv) * d;
   const float eps = float(c.rms_norm_eps);
@@ -298,7 +342,6 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, const KvState* pref
 
   std::vector<float> xn(Ls * H), qkv(Ls * qkv_width), tmp(Ls * H);
   std::vector<float> q(Ls * nq * d), k(Ls * nkv * d), v(Ls * nkv * d), att(Ls * nq * d), att_rows(Ls * nq * d);
-  std::vector<float> gate_up(Ls * 2 * I), act(Ls * I);
   // K/V of every layer for `state`; assigned at the end, since state may alias prefix.
   std::vector<std::vector<float>> layer_k(state ? size_t(c.num_hidden_layers) : 0), layer_v(layer_k.size());
   auto norm_rows = [&](const std::vector<float>& weight) {
@@ -368,18 +411,8 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, const KvState* pref
     linear(att_rows.data(), W.wo.data(), L, H, nq * d, tmp.data());
     add_to_h();
 
-    // SwiGLU MLP: down(silu(gate(x)) * up(x)).
     norm_rows(W.post_norm);
-    linear(xn.data(), W.w_gate_up.data(), L, 2 * I, H, gate_up.data());
-    parallel_for_chunks(L, std::max<int64_t>(1, 16384 / I), [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        const float* g = gate_up.data() + t * 2 * I;
-        const float* u = g + I;
-        float* a = act.data() + t * I;
-        for (int i = 0; i < I; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-      }
-    });
-    linear(act.data(), W.w_down.data(), L, H, I, tmp.data());
+    mlp(W, xn.data(), L, tmp.data());
     add_to_h();
   }
 
@@ -396,6 +429,37 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, const KvState* pref
   const std::vector<float>& head = lm_head_.empty() ? embed_ : lm_head_;
   linear(xn.data() + size_t(first) * H, head.data(), rows, V, H, logits.data());
   return logits;
+}
+
+void Qwen3Model::mlp(const Layer& W, const float* xn, int L, float* out) const {
+  const Qwen3Config& c = config_;
+  const int H = c.hidden_size;
+  if (!W.router.empty()) {
+    MoeWeights moe;
+    moe.router = W.router.data();
+    moe.gate_up = W.expert_gate_up.data();
+    moe.down = W.expert_down.data();
+    moe.num_experts = c.num_experts;
+    moe.top_k = c.num_experts_per_tok;
+    moe.hidden = H;
+    moe.intermediate = c.moe_intermediate_size;
+    moe.normalize_top_k = c.norm_topk_prob;
+    moe_mlp(moe, xn, L, out);
+    return;
+  }
+  // SwiGLU MLP: down(silu(gate(x)) * up(x)).
+  const int I = c.intermediate_size;
+  std::vector<float> gate_up(size_t(L) * 2 * I), act(size_t(L) * I);
+  linear(xn, W.w_gate_up.data(), L, 2 * I, H, gate_up.data());
+  parallel_for_chunks(L, std::max<int64_t>(1, 16384 / I), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* g = gate_up.data() + t * 2 * I;
+      const float* u = g + I;
+      float* a = act.data() + t * I;
+      for (int i = 0; i < I; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  });
+  linear(act.data(), W.w_down.data(), L, H, I, out);
 }
 
 std::vector<int> Qwen3Model::generate_greedy(const std::vector<int>& prompt, int new_tokens, bool stop_at_eos) const {

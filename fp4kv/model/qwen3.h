@@ -1,5 +1,5 @@
-// A float32 CPU runner for Hugging Face Qwen3ForCausalLM checkpoints. Attention is a
-// callback, so that the same forward pass can run exact attention (the oracle) or any
+// A float32 CPU runner for Hugging Face Qwen3ForCausalLM and Qwen3MoeForCausalLM checkpoints
+// (the MoE block: moe.h). Attention is a callback, so that the same forward pass can run exact attention (the oracle) or any
 // quantized-cache attention under test; everything else follows transformers' fp32 math
 // (RMSNorm, QK-norm, rotate-half RoPE, SwiGLU) closely enough to agree to ~1e-5.
 #pragma once
@@ -89,13 +89,20 @@ class Qwen3Model {
     std::vector<float> q_norm, k_norm;         // [head_dim]
     std::vector<float> wqkv;                   // q, k, v projections stacked: [(heads + 2 kv_heads) d][hidden]
     std::vector<float> wo;                     // [hidden][heads d]
-    std::vector<float> w_gate_up;              // gate then up: [2 intermediate][hidden]
-    std::vector<float> w_down;                 // [hidden][intermediate]
+    std::vector<float> w_gate_up;              // dense MLP, gate then up: [2 intermediate][hidden]
+    std::vector<float> w_down;                 // dense MLP: [hidden][intermediate]
+    // The sparse MoE block instead (Qwen3-MoE layers; moe.h's layouts), empty otherwise.
+    std::vector<float> router;                 // [experts][hidden]
+    std::vector<float> expert_gate_up;         // [experts][2 moe_intermediate][hidden]
+    std::vector<float> expert_down;            // [experts][hidden][moe_intermediate]
   };
   // Runs tokens[0..L) at positions prefix->length.. (0 without a prefix). Returns logits
   // for every row, or for the last row only when `last_only`.
   std::vector<float> run(const int* tokens, int L, const KvState* prefix, const AttentionFn& attend,
                          Capture* capture, KvState* state, bool last_only) const;
+
+  // The MLP block of one layer, dense or sparse: out[L][hidden] from the normed xn[L][hidden].
+  void mlp(const Layer& W, const float* xn, int L, float* out) const;
 
   Qwen3Config config_;
   std::vector<float> embed_;       // [vocab][hidden]

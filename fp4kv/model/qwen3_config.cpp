@@ -78,7 +78,37 @@ void check_rope(const Reader& r, const json& rope, const char* key) {
   }
 }
 
+// Qwen3MoeConfig's fields (the ones the forward pass reads).
+void read_moe(const Reader& r, const json& j, Qwen3Config& c) {
+  c.num_experts = r.positive_int("num_experts");
+  c.num_experts_per_tok = r.positive_int("num_experts_per_tok");
+  if (c.num_experts_per_tok > c.num_experts) {
+    r.fail("num_experts_per_tok " + std::to_string(c.num_experts_per_tok) + " exceeds num_experts " +
+           std::to_string(c.num_experts));
+  }
+  c.moe_intermediate_size = r.positive_int("moe_intermediate_size");
+  c.norm_topk_prob = r.flag("norm_topk_prob", false);
+  if (r.has("decoder_sparse_step")) c.decoder_sparse_step = r.positive_int("decoder_sparse_step");
+  if (r.has("mlp_only_layers")) {
+    const json& m = j.at("mlp_only_layers");
+    if (!m.is_array()) r.fail("field 'mlp_only_layers' must be a list of layer indices, got " + m.dump());
+    for (const json& l : m) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c.num_hidden_layers) {
+        r.fail("field 'mlp_only_layers' holds " + l.dump() + ", not a layer index below num_hidden_layers " +
+               std::to_string(c.num_hidden_layers));
+      }
+      c.mlp_only_layers.push_back(l.get<int>());
+    }
+  }
+}
+
 }  // namespace
+
+bool Qwen3Config::is_sparse_layer(int layer) const {
+  if (num_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
 
 bool Qwen3Config::is_eos(int token) const {
   return std::find(eos_token_ids.begin(), eos_token_ids.end(), token) != eos_token_ids.end();
@@ -94,29 +124,36 @@ Qwen3Config Qwen3Config::parse(const std::string& json_text, const std::string& 
   if (!j.is_object()) throw Error(source + ": not a JSON object");
   const Reader r(j, source);
 
-  // Architecture: the runner implements exactly Qwen3ForCausalLM.
-  bool is_qwen3 = r.has("model_type") && j.at("model_type") == "qwen3";
+  // Architecture: the runner implements Qwen3ForCausalLM and Qwen3MoeForCausalLM.
+  const bool type_moe = r.has("model_type") && j.at("model_type") == "qwen3_moe";
+  bool is_qwen3 = r.has("model_type") && (j.at("model_type") == "qwen3" || type_moe), is_moe = type_moe;
   std::string arch = r.has("model_type") && j.at("model_type").is_string()
                          ? "model_type " + j.at("model_type").get<std::string>()
                          : "(none given)";
   if (r.has("architectures")) {
     const json& a = j.at("architectures");
     if (!a.is_array()) r.fail("field 'architectures' must be a list");
-    is_qwen3 = false;  // an explicit architecture list is authoritative
+    is_qwen3 = is_moe = false;  // an explicit architecture list is authoritative
     arch.clear();
     for (const json& name : a) {
       if (name == "Qwen3ForCausalLM") is_qwen3 = true;
+      if (name == "Qwen3MoeForCausalLM") is_qwen3 = is_moe = true;
       arch += (arch.empty() ? "" : ", ") + (name.is_string() ? name.get<std::string>() : name.dump());
     }
     if (arch.empty()) arch = "(empty list)";
   }
-  if (!is_qwen3) r.fail("unsupported architecture " + arch + " (fp4kv supports Qwen3ForCausalLM)");
+  if (!is_qwen3) {
+    r.fail("unsupported architecture " + arch + " (fp4kv supports Qwen3ForCausalLM and Qwen3MoeForCausalLM)");
+  }
 
   Qwen3Config c;
   c.vocab_size = r.positive_int("vocab_size");
   c.hidden_size = r.positive_int("hidden_size");
-  c.intermediate_size = r.positive_int("intermediate_size");
   c.num_hidden_layers = r.positive_int("num_hidden_layers");
+  if (is_moe) read_moe(r, j, c);
+  bool any_dense = !is_moe;
+  for (int l = 0; l < c.num_hidden_layers; ++l) any_dense = any_dense || !c.is_sparse_layer(l);
+  if (any_dense || r.has("intermediate_size")) c.intermediate_size = r.positive_int("intermediate_size");
   c.num_attention_heads = r.positive_int("num_attention_heads");
   c.num_key_value_heads = r.has("num_key_value_heads") ? r.positive_int("num_key_value_heads") : c.num_attention_heads;
   if (r.has("head_dim")) {

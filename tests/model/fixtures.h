@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -133,7 +134,66 @@ inline nlohmann::json tiny_config(bool tied = true) {
           {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
 }
 
-// Every tensor of a Qwen3 checkpoint for `config`, random F32 values with norms near 1.
+// A small Qwen3-MoE config on tiny_config's attention: 8 experts of intermediate 12, 2 per
+// token, renormalized; 2 layers, layer 1 dense (mlp_only_layers) with intermediate 16.
+inline nlohmann::json tiny_moe_config() {
+  nlohmann::json c = tiny_config(/*tied=*/false);
+  c["architectures"] = {"Qwen3MoeForCausalLM"};
+  c["model_type"] = "qwen3_moe";
+  c["num_hidden_layers"] = 2;
+  c["num_experts"] = 8;
+  c["num_experts_per_tok"] = 2;
+  c["moe_intermediate_size"] = 12;
+  c["norm_topk_prob"] = true;
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = {1};
+  return c;
+}
+
+// transformers' Qwen3MoeDecoderLayer rule (Qwen3Config::is_sparse_layer), on the JSON.
+inline bool is_sparse_layer(const nlohmann::json& config, int layer) {
+  if (config.value("num_experts", 0) <= 0) return false;
+  for (int l : config.value("mlp_only_layers", std::vector<int>{})) {
+    if (l == layer) return false;
+  }
+  return (layer + 1) % config.value("decoder_sparse_step", 1) == 0;
+}
+
+// The Hub's per-expert tensors of every sparse layer replaced by transformers 5's fused ones
+// (mlp.experts.gate_up_proj [E][2 EI][H], mlp.experts.down_proj [E][H][EI]); values unchanged.
+inline std::vector<RawTensor> fuse_experts(const nlohmann::json& config, const std::vector<RawTensor>& tensors) {
+  auto bytes_of = [&](const std::string& name) -> const std::vector<uint8_t>& {
+    for (const RawTensor& t : tensors) {
+      if (t.name == name) return t.bytes;
+    }
+    throw std::runtime_error("no tensor " + name);
+  };
+  const int64_t E = config["num_experts"], EI = config["moe_intermediate_size"], H = config["hidden_size"];
+  std::vector<RawTensor> out;
+  for (const RawTensor& t : tensors) {
+    if (t.name.find(".mlp.experts.") == std::string::npos) out.push_back(t);
+  }
+  for (int l = 0; l < int(config["num_hidden_layers"]); ++l) {
+    if (!is_sparse_layer(config, l)) continue;
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    RawTensor gate_up{p + "gate_up_proj", "F32", {E, 2 * EI, H}, {}}, down{p + "down_proj", "F32", {E, H, EI}, {}};
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = p + std::to_string(e) + ".";
+      for (const char* proj : {"gate_proj.weight", "up_proj.weight"}) {
+        const auto& b = bytes_of(x + proj);
+        gate_up.bytes.insert(gate_up.bytes.end(), b.begin(), b.end());
+      }
+      const auto& b = bytes_of(x + "down_proj.weight");
+      down.bytes.insert(down.bytes.end(), b.begin(), b.end());
+    }
+    out.push_back(std::move(gate_up));
+    out.push_back(std::move(down));
+  }
+  return out;
+}
+
+// Every tensor of a Qwen3 checkpoint for `config`, random F32 values with norms near 1
+// (Qwen3-MoE configs: the Hub's per-expert tensors for every sparse layer).
 inline std::vector<RawTensor> qwen3_tensors(const nlohmann::json& config, uint32_t seed = 1) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -158,9 +218,20 @@ inline std::vector<RawTensor> qwen3_tensors(const nlohmann::json& config, uint32
     t.push_back(make(p + "self_attn.o_proj.weight", {H, nq * d}, 1.0f / std::sqrt(float(nq * d))));
     t.push_back(make(p + "self_attn.q_norm.weight", {d}, 0.1f, 1.0f));
     t.push_back(make(p + "self_attn.k_norm.weight", {d}, 0.1f, 1.0f));
-    t.push_back(make(p + "mlp.gate_proj.weight", {I, H}, 1.0f / std::sqrt(float(H))));
-    t.push_back(make(p + "mlp.up_proj.weight", {I, H}, 1.0f / std::sqrt(float(H))));
-    t.push_back(make(p + "mlp.down_proj.weight", {H, I}, 1.0f / std::sqrt(float(I))));
+    if (!is_sparse_layer(config, l)) {
+      t.push_back(make(p + "mlp.gate_proj.weight", {I, H}, 1.0f / std::sqrt(float(H))));
+      t.push_back(make(p + "mlp.up_proj.weight", {I, H}, 1.0f / std::sqrt(float(H))));
+      t.push_back(make(p + "mlp.down_proj.weight", {H, I}, 1.0f / std::sqrt(float(I))));
+      continue;
+    }
+    const int64_t E = config["num_experts"], EI = config["moe_intermediate_size"];
+    t.push_back(make(p + "mlp.gate.weight", {E, H}, 2.0f / std::sqrt(float(H))));  // spread-out routing
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+      t.push_back(make(x + "gate_proj.weight", {EI, H}, 1.0f / std::sqrt(float(H))));
+      t.push_back(make(x + "up_proj.weight", {EI, H}, 1.0f / std::sqrt(float(H))));
+      t.push_back(make(x + "down_proj.weight", {H, EI}, 1.0f / std::sqrt(float(EI))));
+    }
   }
   t.push_back(make("model.norm.weight", {H}, 0.1f, 1.0f));
   if (!config.value("tie_word_embeddings", false)) t.push_back(make("lm_head.weight", {V, H}, 1.0f));

@@ -51,6 +51,63 @@ TEST(Qwen3Config, LegacyRopeFieldsAndDefaults) {
   EXPECT_NO_THROW(parse(j));
 }
 
+// Qwen3-30B-A3B's MoE fields, transformers' defaults, and which layers are sparse.
+TEST(Qwen3Config, ParsesQwen3Moe) {
+  json j = tiny_moe_config();
+  j["num_hidden_layers"] = 48;
+  j["num_experts"] = 128;
+  j["num_experts_per_tok"] = 8;
+  j["moe_intermediate_size"] = 768;
+  j["mlp_only_layers"] = json::array();
+  const Qwen3Config c = parse(j);
+  EXPECT_TRUE(c.is_moe());
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 768);
+  EXPECT_TRUE(c.norm_topk_prob);
+  for (int l = 0; l < 48; ++l) EXPECT_TRUE(c.is_sparse_layer(l)) << l;
+
+  j.erase("norm_topk_prob");
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {3};
+  const Qwen3Config d = parse(j);
+  EXPECT_FALSE(d.norm_topk_prob);  // transformers' default
+  EXPECT_FALSE(d.is_sparse_layer(0));
+  EXPECT_TRUE(d.is_sparse_layer(1));
+  EXPECT_FALSE(d.is_sparse_layer(3));  // listed in mlp_only_layers
+  EXPECT_TRUE(d.is_sparse_layer(5));
+
+  j = tiny_moe_config();  // architectures omitted: model_type decides
+  j.erase("architectures");
+  EXPECT_TRUE(parse(j).is_moe());
+  j.erase("intermediate_size");  // layer 1 is dense and needs it
+  expect_error([&] { parse(j); }, {"intermediate_size"});
+  j["mlp_only_layers"] = json::array();  // every layer sparse: not needed
+  EXPECT_EQ(parse(j).intermediate_size, 0);
+  EXPECT_FALSE(parse(tiny_config()).is_moe());
+  EXPECT_FALSE(parse(tiny_config()).is_sparse_layer(0));
+}
+
+TEST(Qwen3Config, BadMoeFields) {
+  json j = tiny_moe_config();
+  j["num_experts_per_tok"] = 9;
+  expect_error([&] { parse(j); }, {"num_experts_per_tok 9", "num_experts 8"});
+  j = tiny_moe_config();
+  j.erase("moe_intermediate_size");
+  expect_error([&] { parse(j); }, {"moe_intermediate_size"});
+  j = tiny_moe_config();
+  j["mlp_only_layers"] = {2};
+  expect_error([&] { parse(j); }, {"mlp_only_layers", "2"});
+  j["mlp_only_layers"] = "1";
+  expect_error([&] { parse(j); }, {"mlp_only_layers", "list"});
+  j = tiny_moe_config();
+  j["decoder_sparse_step"] = 0;
+  expect_error([&] { parse(j); }, {"decoder_sparse_step"});
+  j = tiny_moe_config();
+  j["norm_topk_prob"] = 1;
+  expect_error([&] { parse(j); }, {"norm_topk_prob"});
+}
+
 TEST(Qwen3Config, UnsupportedArchitecture) {
   json j = tiny_config();
   j["architectures"] = {"LlamaForCausalLM"};

@@ -2,6 +2,7 @@
 // forward pass against a naive double-precision transcription of the HF model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "fixtures.h"
@@ -62,19 +63,61 @@ std::vector<double> naive_attention(const std::vector<double>& q, const std::vec
   return out;
 }
 
-// The HF Qwen3ForCausalLM forward, written out plainly in double.
+// y[M][N] = x[M][K] w[N][K]^T in double.
+std::vector<double> matmul(const std::vector<double>& x, const std::vector<double>& w, int M, int N, int K) {
+  std::vector<double> y(size_t(M) * N, 0.0);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k) y[size_t(m) * N + n] += x[size_t(m) * K + k] * w[size_t(n) * K + k];
+  return y;
+}
+
+// down(silu(gate(x)) * up(x)) of x [L][H] with the weights named prefix + gate_proj.weight ...
+std::vector<double> naive_swiglu(const std::vector<RawTensor>& ts, const std::string& prefix,
+                                 const std::vector<double>& x, int L, int H, int I) {
+  const auto g = matmul(x, values(ts, prefix + "gate_proj.weight"), L, I, H);
+  const auto u = matmul(x, values(ts, prefix + "up_proj.weight"), L, I, H);
+  std::vector<double> a(g.size());
+  for (size_t i = 0; i < a.size(); ++i) a[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+  return matmul(a, values(ts, prefix + "down_proj.weight"), L, H, I);
+}
+
+// transformers' Qwen3MoeSparseMoeBlock in double, token by token: softmax over the router
+// logits, the top k (no ties in random data), renormalized when norm_topk_prob, and the sum
+// of the chosen experts' SwiGLU outputs times their weights.
+std::vector<double> naive_moe(const json& c, const std::vector<RawTensor>& ts, const std::string& p,
+                              const std::vector<double>& x, int L) {
+  const int H = c["hidden_size"], E = c["num_experts"], k = c["num_experts_per_tok"], EI = c["moe_intermediate_size"];
+  const auto logits = matmul(x, values(ts, p + "mlp.gate.weight"), L, E, H);
+  std::vector<double> out(size_t(L) * H, 0.0);
+  for (int t = 0; t < L; ++t) {
+    std::vector<double> prob(logits.begin() + size_t(t) * E, logits.begin() + size_t(t + 1) * E);
+    const double m = *std::max_element(prob.begin(), prob.end());
+    double sum = 0;
+    for (double& v : prob) sum += (v = std::exp(v - m));
+    for (double& v : prob) v /= sum;
+    std::vector<int> order(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) order[size_t(e)] = e;
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return prob[size_t(a)] > prob[size_t(b)]; });
+    double kept = 0;
+    for (int j = 0; j < k; ++j) kept += prob[size_t(order[size_t(j)])];
+    const std::vector<double> row(x.begin() + size_t(t) * H, x.begin() + size_t(t + 1) * H);
+    for (int j = 0; j < k; ++j) {
+      const int e = order[size_t(j)];
+      const double w = c.value("norm_topk_prob", false) ? prob[size_t(e)] / kept : prob[size_t(e)];
+      const auto y = naive_swiglu(ts, p + "mlp.experts." + std::to_string(e) + ".", row, 1, H, EI);
+      for (int i = 0; i < H; ++i) out[size_t(t) * H + i] += w * y[size_t(i)];
+    }
+  }
+  return out;
+}
+
+// The HF Qwen3ForCausalLM (or Qwen3MoeForCausalLM) forward, written out plainly in double.
 std::vector<double> naive_forward(const json& c, const std::vector<RawTensor>& ts, const std::vector<int>& tokens) {
   const int H = c["hidden_size"], I = c["intermediate_size"], V = c["vocab_size"], d = c["head_dim"];
   const int nq = c["num_attention_heads"], nkv = c["num_key_value_heads"], layers = c["num_hidden_layers"];
   const double eps = c["rms_norm_eps"], theta = c["rope_parameters"]["rope_theta"];
   const int L = int(tokens.size());
-  auto matmul = [](const std::vector<double>& x, const std::vector<double>& w, int M, int N, int K) {
-    std::vector<double> y(size_t(M) * N, 0.0);
-    for (int m = 0; m < M; ++m)
-      for (int n = 0; n < N; ++n)
-        for (int k = 0; k < K; ++k) y[size_t(m) * N + n] += x[size_t(m) * K + k] * w[size_t(n) * K + k];
-    return y;
-  };
   auto norm = [&](std::vector<double> x, const std::vector<double>& w, int n) {
     for (size_t r = 0; r < x.size() / size_t(n); ++r) {
       double ss = 0;
@@ -125,11 +168,7 @@ std::vector<double> naive_forward(const json& c, const std::vector<RawTensor>& t
     const auto o = matmul(rows, values(ts, p + "self_attn.o_proj.weight"), L, H, nq * d);
     for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
     const std::vector<double> x2 = norm(h, values(ts, p + "post_attention_layernorm.weight"), H);
-    const auto g = matmul(x2, values(ts, p + "mlp.gate_proj.weight"), L, I, H);
-    const auto u = matmul(x2, values(ts, p + "mlp.up_proj.weight"), L, I, H);
-    std::vector<double> a(g.size());
-    for (size_t i = 0; i < a.size(); ++i) a[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-    const auto down = matmul(a, values(ts, p + "mlp.down_proj.weight"), L, H, I);
+    const auto down = is_sparse_layer(c, l) ? naive_moe(c, ts, p, x2, L) : naive_swiglu(ts, p + "mlp.", x2, L, H, I);
     for (size_t i = 0; i < h.size(); ++i) h[i] += down[i];
   }
   const auto hn = norm(h, values(ts, "model.norm.weight"), H);
@@ -192,6 +231,48 @@ TEST(Qwen3Tiny, ForwardMatchesNaiveDouble) {
 
   expect_error([&] { m.forward({1, 2, 40}); }, {"token 40", "position 2", "vocabulary"});
   expect_error([&] { m.forward({}); }, {"empty"});
+}
+
+// Qwen3-MoE: a sparse layer and a dense one (mlp_only_layers) against the double
+// transcription; the Hub's per-expert tensors and transformers 5's fused ones load alike.
+TEST(Qwen3Tiny, MoeForwardMatchesNaiveDouble) {
+  const json c = tiny_moe_config();
+  const auto tensors = qwen3_tensors(c, 11);
+  std::vector<int> tokens;
+  for (int t = 0; t < 23; ++t) tokens.push_back((t * 3 + 1) % 10);
+  const auto ref = naive_forward(c, tensors, tokens);
+  std::vector<float> hub_logits;
+  for (const bool fused : {false, true}) {
+    TempDir dir;
+    write_checkpoint(dir.str(), c, fused ? fuse_experts(c, tensors) : tensors);
+    const Qwen3Model m = Qwen3Model::load(dir.str());
+    EXPECT_TRUE(m.config().is_moe());
+    EXPECT_TRUE(m.config().is_sparse_layer(0));
+    EXPECT_FALSE(m.config().is_sparse_layer(1));
+    // Attention, norms, embeddings (untied) and layer 1's dense MLP, plus layer 0's router and experts.
+    EXPECT_EQ(m.parameter_count(), 2 * 10 * 8 + 8 + 2 * (2 * 8 + 2 * 4 + 8 * 8 + 2 * 4 * 8 + 8 * 8) +
+                                       8 * 8 + 8 * 3 * 12 * 8 + 3 * 16 * 8);
+    const std::vector<float> logits = m.forward(tokens);
+    const double err = rel_error(logits, ref);
+    std::printf("tiny MoE logits (%s) vs double: rel error %.3g\n", fused ? "fused tensors" : "per-expert tensors", err);
+    EXPECT_LT(err, 1e-5);
+    if (fused) {
+      EXPECT_EQ(logits, hub_logits);
+    } else {
+      hub_logits = logits;
+    }
+  }
+}
+
+TEST(Qwen3Tiny, MoeCheckpointMissingAnExpertIsRefused) {
+  TempDir dir;
+  const json c = tiny_moe_config();
+  std::vector<RawTensor> tensors;
+  for (RawTensor& t : qwen3_tensors(c, 2)) {
+    if (t.name != "model.layers.0.mlp.experts.5.up_proj.weight") tensors.push_back(std::move(t));
+  }
+  write_checkpoint(dir.str(), c, tensors);
+  expect_error([&] { Qwen3Model::load(dir.str()); }, {"missing tensor 'model.layers.0.mlp.experts.5.up_proj.weight'"});
 }
 
 TEST(Qwen3Tiny, ExtendingAPrefixEqualsOneForward) {
@@ -269,7 +350,7 @@ TEST_F(Qwen3LoadErrors, LlamaArchitecture) {
   json pk = json::parse(in);
   pk["architectures"] = {"LlamaForCausalLM"};
   write_text(dir / "config.json", pk.dump());
-  load_expect({"unsupported architecture LlamaForCausalLM (fp4kv supports Qwen3ForCausalLM)"});
+  load_expect({"unsupported architecture LlamaForCausalLM (fp4kv supports Qwen3ForCausalLM and Qwen3MoeForCausalLM)"});
 }
 
 TEST_F(Qwen3LoadErrors, YarnRope) {
