@@ -1,16 +1,21 @@
 // `fp4kv serve`: the OpenAI-compatible HTTP server (fp4kv/serve/server.h) over the GPU engine
 // (--device auto with a visible device, or cuda) or the CPU engine.
-// Binds to loopback unless --host says otherwise; prints the address and the KV capacity;
-// SIGINT/SIGTERM shut it down gracefully (running requests cancelled, their streams ended,
+// Binds to loopback unless --host says otherwise, before loading the model (until the engine
+// is ready every request gets 503 "loading"); prints the address, then the KV capacity and a
+// "listening on" line once it serves; SIGINT/SIGTERM shut it down gracefully (running requests cancelled, their streams ended,
 // the worker stopped) and it exits 0.
 #include <csignal>
 #include <algorithm>
 #include <cstdio>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <unistd.h>
 #include <thread>
 
 #include "fp4kv/core/error.h"
+#include "fp4kv/core/recipe.h"
 #include "fp4kv/serve/cpu_engine.h"
 #include "fp4kv/serve/server.h"
 #include "tools/commands.h"
@@ -63,50 +68,83 @@ struct Served {
   long long budget_bytes = 0;
 };
 
-int run_server(ServeArgs& a, const Served& s) {
-  a.server.http_threads = std::max(a.server.http_threads, 2 * a.max_batch);  // streams hold a thread each
-  install_shutdown_signals();
-  serve::HttpServer server(*s.engine, *s.codec, *s.limits, a.server);
-  const int port = server.bind();
-  std::printf("fp4kv serve: model '%s' (context %d), kv %s, device %s, max batch %d\n", s.limits->model_name.c_str(),
-              s.limits->context, s.recipe.c_str(), s.device.c_str(), a.max_batch);
-  std::printf("fp4kv serve: KV capacity %d blocks x %d tokens = %lld tokens (%lld MiB budget, %lld bytes per block)\n",
-              s.capacity.blocks, engine::kBlockTokens, s.capacity.tokens(), s.budget_bytes / kMiB, s.capacity.block_bytes);
-  std::printf("fp4kv serve: listening on http://%s:%d\n", a.server.host.c_str(), port);
-  std::fflush(stdout);
-  std::thread signal_thread([&server] {
-    unsigned char sig = 0;
-    if (read(g_signal_pipe[0], &sig, 1) == 1) std::fprintf(stderr, "fp4kv serve: signal %d, shutting down\n", int(sig));
+// The loaded engines, whichever --device picked (the other stays empty); they outlive the
+// server that serves them.
+struct Loaded {
+  std::optional<serve::CpuServing> cpu;
+#ifdef FP4KV_HAVE_CUDA
+  std::optional<serve::GpuServing> gpu;
+#endif
+};
+
+Served load_engine(const ServeArgs& a, bool gpu, Loaded& loaded) {
+#ifdef FP4KV_HAVE_CUDA
+  if (gpu) {
+    serve::GpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, a.kv_memory_mib * kMiB,
+                               a.gpu_memory_utilization};
+    serve::GpuServing& s = loaded.gpu.emplace(serve::load_gpu_serving(setup));
+    return Served{s.engine.get(), &s.codec, &s.limits, s.recipe.name, "cuda", s.capacity, s.kv_budget_bytes};
+  }
+#endif
+  (void)gpu;
+  const long long mib = a.kv_memory_mib > 0 ? a.kv_memory_mib : serve::kDefaultKvBudgetBytes / kMiB;
+  serve::CpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, mib * kMiB};
+  serve::CpuServing& s = loaded.cpu.emplace(serve::load_cpu_serving(setup));
+  return Served{s.engine.get(), &s.codec, &s.limits, s.recipe.name, "cpu", s.capacity, mib * kMiB};
+}
+
+// Loads the engine while the server already answers (503 "loading"), then hands it over and
+// prints the ready line. A load error shuts the server down and is kept for the caller.
+void load_and_attach(const ServeArgs& a, bool gpu, Loaded& loaded, serve::HttpServer& server, int port,
+                     std::exception_ptr& error) {
+  try {
+    const Served s = load_engine(a, gpu, loaded);
+    if (!server.attach(*s.engine, *s.codec, *s.limits)) return;  // shut down while loading
+    std::printf("fp4kv serve: model '%s' (context %d), kv %s, device %s, max batch %d\n",
+                s.limits->model_name.c_str(), s.limits->context, s.recipe.c_str(), s.device.c_str(), a.max_batch);
+    std::printf("fp4kv serve: KV capacity %d blocks x %d tokens = %lld tokens (%lld MiB budget, %lld bytes per block)\n",
+                s.capacity.blocks, engine::kBlockTokens, s.capacity.tokens(), s.budget_bytes / kMiB,
+                s.capacity.block_bytes);
+    std::printf("fp4kv serve: listening on http://%s:%d\n", a.server.host.c_str(), port);
+    std::fflush(stdout);
+  } catch (...) {
+    error = std::current_exception();
     server.shutdown();
-  });
-  server.run();
-  // The listener ends through a signal or an error; after an error the reader still waits:
-  // a byte of our own lets it return and be joined.
-  const unsigned char wake = 0;
-  [[maybe_unused]] const ssize_t n = write(g_signal_pipe[1], &wake, 1);
-  signal_thread.join();
-  std::printf("fp4kv serve: stopped\n");
-  return 0;
+  }
 }
 
 int run_serve(ServeArgs& a) {
   const bool gpu = use_gpu(a.device);
   require(a.max_batch >= 1, "--max-batch must be >= 1, got " + std::to_string(a.max_batch));
   require(a.kv_memory_mib >= 0, "--kv-memory-mib must be >= 0, got " + std::to_string(a.kv_memory_mib));
-#ifdef FP4KV_HAVE_CUDA
-  if (gpu) {
-    serve::GpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, a.kv_memory_mib * kMiB,
-                               a.gpu_memory_utilization};
-    serve::GpuServing s = serve::load_gpu_serving(setup);
-    return run_server(a, Served{s.engine.get(), &s.codec, &s.limits, s.recipe.name, "cuda", s.capacity,
-                                s.kv_budget_bytes});
-  }
-#endif
-  (void)gpu;
-  const long long mib = a.kv_memory_mib > 0 ? a.kv_memory_mib : serve::kDefaultKvBudgetBytes / kMiB;
-  serve::CpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, mib * kMiB};
-  serve::CpuServing s = serve::load_cpu_serving(setup);
-  return run_server(a, Served{s.engine.get(), &s.codec, &s.limits, s.recipe.name, "cpu", s.capacity, mib * kMiB});
+  (void)parse_recipe(a.kv);  // a bad --kv fails before the port is taken
+  a.server.http_threads = std::max(a.server.http_threads, 2 * a.max_batch);  // streams hold a thread each
+  install_shutdown_signals();
+  Loaded loaded;  // declared before the server: destroyed after it
+  serve::HttpServer server(a.server);
+  const int port = server.bind();
+  std::printf("fp4kv serve: bound to http://%s:%d, loading the model (requests get 503 until it is ready)\n",
+              a.server.host.c_str(), port);
+  std::fflush(stdout);
+  std::exception_ptr load_error;
+  std::thread loader(load_and_attach, std::cref(a), gpu, std::ref(loaded), std::ref(server), port,
+                     std::ref(load_error));
+  std::thread signal_thread([&server] {
+    unsigned char sig = 0;
+    if (read(g_signal_pipe[0], &sig, 1) == 1 && sig != 0)
+      std::fprintf(stderr, "fp4kv serve: signal %d, shutting down\n", int(sig));
+    server.shutdown();
+  });
+  server.run();
+  // The listener ends through a signal, a load error or a listener error; in the last two the
+  // reader still waits: a byte of our own lets it return and be joined.
+  const unsigned char wake = 0;
+  [[maybe_unused]] const ssize_t n = write(g_signal_pipe[1], &wake, 1);
+  signal_thread.join();
+  loader.join();
+  if (load_error) std::rethrow_exception(load_error);
+  std::printf("fp4kv serve: stopped\n");
+  return 0;
 }
 
 }  // namespace

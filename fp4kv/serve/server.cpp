@@ -71,11 +71,8 @@ struct HttpServer::Stream {
   Clock::time_point submitted, first_token;
 };
 
-HttpServer::HttpServer(engine::Engine& engine, engine::TextCodec codec, ModelLimits model, ServerConfig config)
-    : engine_(engine),
-      codec_(std::move(codec)),
-      model_(std::move(model)),
-      config_(std::move(config)),
+HttpServer::HttpServer(ServerConfig config)
+    : config_(std::move(config)),
       http_(std::make_unique<httplib::Server>()),
       created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
                    .count()) {
@@ -85,6 +82,23 @@ HttpServer::HttpServer(engine::Engine& engine, engine::TextCodec codec, ModelLim
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_payload_max_length(config_.max_body_bytes);
   routes();
+}
+
+HttpServer::HttpServer(engine::Engine& engine, engine::TextCodec codec, ModelLimits model, ServerConfig config)
+    : HttpServer(std::move(config)) {
+  attach(engine, std::move(codec), std::move(model));
+}
+
+bool HttpServer::attach(engine::Engine& engine, engine::TextCodec codec, ModelLimits model) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require(engine_ == nullptr, "HttpServer::attach: an engine is attached already");
+  if (shutting_down_) return false;
+  engine_ = &engine;
+  codec_ = std::move(codec);
+  model_ = std::move(model);
+  engine.start();
+  ready_.store(true, std::memory_order_release);
+  return true;
 }
 
 HttpServer::~HttpServer() = default;
@@ -127,7 +141,6 @@ int HttpServer::bind() {
 }
 
 void HttpServer::run() {
-  engine_.start();
   std::thread watcher([this] {
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait(lock, [this] { return stop_requested_; });
@@ -137,7 +150,10 @@ void HttpServer::run() {
   http_->listen_after_bind();
   shutdown();  // the listener ended on its own (an error): the watcher must still finish
   watcher.join();
-  engine_.stop();
+  std::unique_lock<std::mutex> lock(mutex_);  // attach() is refused from here on
+  engine::Engine* engine = engine_;
+  lock.unlock();
+  if (engine != nullptr) engine->stop();
 }
 
 void HttpServer::shutdown() {
@@ -156,7 +172,7 @@ bool HttpServer::shutting_down() const {
 // their last events, then closes the listener (httplib stops open streams when it closes).
 void HttpServer::drain_and_stop_listener() {
   std::unique_lock<std::mutex> lock(mutex_);
-  for (uint64_t id : active_) engine_.cancel(id);
+  for (uint64_t id : active_) engine_->cancel(id);  // active_ is empty until attach()
   changed_.wait_for(lock, kShutdownDrain, [this] { return active_.empty(); });
   lock.unlock();
   http_->stop();
@@ -167,7 +183,7 @@ uint64_t HttpServer::admit(const std::vector<int>& prompt, const engine::Request
   if (shutting_down_) throw ApiError(kHttpUnavailable, "server_error", "shutting_down", "the server is shutting down");
   uint64_t id = 0;
   try {
-    id = engine_.submit(prompt, params);
+    id = engine_->submit(prompt, params);
   } catch (const Error& e) {  // the engine's checks: pool and context capacity, sampling
     throw bad_request(e.what());
   }
@@ -182,10 +198,10 @@ void HttpServer::finished(uint64_t id) {
 }
 
 void HttpServer::abandon(uint64_t id) {
-  engine_.cancel(id);
+  engine_->cancel(id);
   try {
     for (int i = 0; i < kDrainPolls; ++i)
-      if (engine_.next(id, kPollInterval).finished != engine::FinishReason::none) break;
+      if (engine_->next(id, kPollInterval).finished != engine::FinishReason::none) break;
   } catch (const Error&) {  // already read to its end
   }
   finished(id);
@@ -214,6 +230,11 @@ void HttpServer::routes() {
       send_error(res, kHttpUnavailable, "the server is shutting down", "server_error", "shutting_down");
       return HR::Handled;
     }
+    if (!ready_.load(std::memory_order_acquire)) {
+      send_error(res, kHttpUnavailable, "the model is loading; retry when GET /health answers 200", "server_error",
+                 "loading");
+      return HR::Handled;
+    }
     return HR::Unhandled;
   });
   http_->set_error_handler([](const Request& req, Response& res) {
@@ -236,7 +257,7 @@ void HttpServer::routes() {
   });
   http_->Get("/health", [](const Request&, Response& res) { res.set_content(R"({"status":"ok"})", kJson); });
   http_->Get("/metrics", [this](const Request&, Response& res) {
-    res.set_content(metrics_.render(engine_.counters()), "text/plain; version=0.0.4");
+    res.set_content(metrics_.render(engine_->counters()), "text/plain; version=0.0.4");
   });
   http_->Get("/v1/models", [this](const Request&, Response& res) {
     const json model{{"id", model_.model_name}, {"object", "model"},     {"created", created_},
@@ -282,7 +303,7 @@ void HttpServer::respond_whole(const CompletionRequest& r, uint64_t id, int prom
   engine::FinishReason reason = engine::FinishReason::none;
   try {
     while (reason == engine::FinishReason::none) {
-      const engine::StreamChunk c = engine_.next(id, kPollInterval);
+      const engine::StreamChunk c = engine_->next(id, kPollInterval);
       if (!c.tokens.empty() && tokens.empty()) first = Clock::now();
       tokens.insert(tokens.end(), c.tokens.begin(), c.tokens.end());
       logprobs.insert(logprobs.end(), c.logprobs.begin(), c.logprobs.end());
@@ -309,7 +330,7 @@ void HttpServer::respond_whole(const CompletionRequest& r, uint64_t id, int prom
 
 bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
   Stream* const s = &stream;
-  const engine::StreamChunk c = engine_.next(s->id, kPollInterval);
+  const engine::StreamChunk c = engine_->next(s->id, kPollInterval);
   if (c.timed_out) return sink.is_writable();
   if (!c.tokens.empty() && s->completion_tokens == 0) s->first_token = Clock::now();
   s->completion_tokens += int(c.tokens.size());

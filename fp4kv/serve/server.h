@@ -10,9 +10,11 @@
 // engine unchecked (openai_api.h), and an exception in a handler is a 500, never a crash.
 // shutdown() (any thread): new requests get 503, running ones are cancelled (their streams
 // end with finish_reason "cancelled"), the listener closes, run() returns after the worker
-// stopped.
+// stopped. A server may listen before its model is loaded (constructed without an engine):
+// every request gets 503 with code "loading" until attach() hands it the engine.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -46,9 +48,16 @@ struct ServerConfig {
 
 class HttpServer {
  public:
-  // `engine` must outlive the server; the server starts and stops its worker.
+  // A server with no model yet: it binds and runs, answering 503 "loading", until attach().
+  explicit HttpServer(ServerConfig config);
+  // A server over `engine` from the start (the constructor above, then attach()).
   HttpServer(engine::Engine& engine, engine::TextCodec codec, ModelLimits model, ServerConfig config);
   ~HttpServer();
+
+  // Serves `engine` from now on and starts its worker (run() stops it); `engine` must outlive
+  // the server. Thread-safe. Returns false, attaching nothing, once shutdown() was called;
+  // throws fp4kv::Error when an engine is attached already.
+  bool attach(engine::Engine& engine, engine::TextCodec codec, ModelLimits model);
 
   // Binds host:port; returns the port bound. Throws Error when it cannot.
   int bind();
@@ -77,9 +86,12 @@ class HttpServer {
   bool authorized(const httplib::Request& req) const;
   void drain_and_stop_listener();
 
-  engine::Engine& engine_;
+  // Set once by attach() before ready_ turns true; a handler reads them only after it saw
+  // ready_ (acquire), so they need no lock.
+  engine::Engine* engine_ = nullptr;
   engine::TextCodec codec_;
   ModelLimits model_;
+  std::atomic<bool> ready_{false};
   ServerConfig config_;
   std::unique_ptr<httplib::Server> http_;
   ServerMetrics metrics_;

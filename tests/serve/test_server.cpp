@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "fp4kv/engine/cpu_generator.h"
@@ -379,6 +380,44 @@ TEST(Server, ShutdownEndsRunningStreams) {
   EXPECT_EQ(s.serving().engine->counters().blocks_used, 0);
 }
 
+// A server listening before its model is loaded answers every path 503 "loading" (a load
+// balancer's health check sees it is not ready), then serves once the engine is attached.
+TEST(Server, AnswersLoadingUntilAnEngineIsAttached) {
+  std::optional<CpuServing> serving;  // outlives the server
+  ServerConfig config;
+  config.host = "127.0.0.1";
+  config.port = 0;
+  HttpServer server(config);
+  const int port = server.bind();
+  std::thread runner([&server] { server.run(); });
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(kClientTimeoutSeconds, 0);
+  auto expect_loading = [](const httplib::Result& r) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 503) << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r->body;
+    EXPECT_EQ(j["error"]["code"], "loading") << r->body;
+  };
+  for (const char* path : {"/health", "/metrics", "/v1/models"}) expect_loading(c.Get(path));
+  expect_loading(c.Post("/v1/completions", request("The cat", 2).dump(), "application/json"));
+
+  serving.emplace(load_cpu_serving(pk8l_setup()));
+  ASSERT_TRUE(server.attach(*serving->engine, serving->codec, serving->limits));
+  EXPECT_THROW(server.attach(*serving->engine, serving->codec, serving->limits), Error);
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  const json done = post_json(c, request("The cat sat on the", 4));
+  EXPECT_EQ(done["choices"][0]["text"], alone(*serving, "The cat sat on the", 4, 0, 0));
+  server.shutdown();
+  runner.join();
+
+  HttpServer closed(config);  // shut down while loading: the engine is not taken
+  closed.shutdown();
+  EXPECT_FALSE(closed.attach(*serving->engine, serving->codec, serving->limits));
+}
+
 TEST(ServeCli, ServesAndExitsZeroOnSigterm) {
   int out[2];
   ASSERT_EQ(pipe(out), 0);
@@ -396,12 +435,16 @@ TEST(ServeCli, ServesAndExitsZeroOnSigterm) {
   char line[512];
   int port = 0;
   std::string printed;
+  int bound_port = 0;  // printed before the model loads
   while (port == 0 && fgets(line, sizeof line, f)) {  // ends at EOF if the child dies
     printed += line;
+    const char* bound = std::strstr(line, "bound to http://127.0.0.1:");
+    if (bound) bound_port = std::atoi(bound + std::strlen("bound to http://127.0.0.1:"));
     const char* at = std::strstr(line, "listening on http://127.0.0.1:");
     if (at) port = std::atoi(at + std::strlen("listening on http://127.0.0.1:"));
   }
   EXPECT_GT(port, 0) << printed;
+  EXPECT_EQ(bound_port, port) << printed;
   EXPECT_NE(printed.find("KV capacity"), std::string::npos) << printed;
   if (port > 0) {
     httplib::Client c("127.0.0.1", port);
