@@ -12,5 +12,6 @@ namespace fp4kv::ops {
 
 inline constexpr int32_t kErrorTokenOutOfRange = 1;     // embedding_gather: id < 0 or id >= vocab
 inline constexpr int32_t kErrorPositionOutOfRange = 2;  // qk_norm_rope: position < 0 or >= the RoPE table's rows
+inline constexpr int32_t kErrorRouterLogit = 4;         // moe_route: a non-finite router logit
 
 }  // namespace fp4kv::ops

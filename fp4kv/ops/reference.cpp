@@ -1,6 +1,7 @@
 // CPU twins of the GPU ops (reference.h).
 #include "fp4kv/ops/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -118,6 +119,112 @@ std::vector<uint16_t> ref_swiglu(const std::vector<uint16_t>& gate_up, int rows,
     }
   }
   return out;
+}
+
+MoeRouteReference ref_moe_route(const std::vector<uint16_t>& logits, int rows, int num_experts, int top_k,
+                                bool normalize_top_k) {
+  constexpr int kLanes = 32;
+  MoeRouteReference r;
+  r.experts.resize(size_t(rows) * top_k);
+  r.weights.resize(r.experts.size());
+  for (int row = 0; row < rows; ++row) {
+    const uint16_t* l = logits.data() + size_t(row) * num_experts;
+    int32_t* experts = r.experts.data() + size_t(row) * top_k;
+    float* weights = r.weights.data() + size_t(row) * top_k;
+    bool bad = false;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int e = 0; e < num_experts; ++e) {
+      bad = bad || !is_finite(bf(l[e]));
+      m = std::fmax(m, bf(l[e]));
+    }
+    if (bad) {
+      r.error_flags |= kErrorRouterLogit;
+      for (int j = 0; j < top_k; ++j) experts[j] = j, weights[j] = 0.0f;
+      continue;
+    }
+    // The kernel's sum: per lane over its experts in order, then a butterfly over the lanes.
+    std::vector<float> p(static_cast<size_t>(num_experts));
+    double lane_sum[kLanes] = {};
+    for (int e = 0; e < num_experts; ++e) {
+      p[size_t(e)] = exp_nonpositive(sub_rn(bf(l[e]), m));
+      lane_sum[e % kLanes] += double(p[size_t(e)]);
+    }
+    for (int o = kLanes / 2; o > 0; o /= 2) {
+      double next[kLanes];
+      for (int lane = 0; lane < kLanes; ++lane) next[lane] = lane_sum[lane] + lane_sum[lane ^ o];
+      std::copy(next, next + kLanes, lane_sum);
+    }
+    const float inv = float(1.0 / lane_sum[0]);
+    for (float& v : p) v = mul_rn(v, inv);
+    std::vector<int> order(static_cast<size_t>(num_experts));
+    for (int e = 0; e < num_experts; ++e) order[size_t(e)] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
+    float kept = 0.0f;
+    for (int j = 0; j < top_k; ++j) kept = add_rn(kept, p[size_t(order[size_t(j)])]);
+    std::vector<int> chosen(order.begin(), order.begin() + top_k);
+    std::sort(chosen.begin(), chosen.end());
+    for (int j = 0; j < top_k; ++j) {
+      const float w = p[size_t(chosen[size_t(j)])];
+      experts[j] = chosen[size_t(j)];
+      weights[j] = round_bf16(normalize_top_k ? div_rn(w, kept) : w);
+    }
+  }
+  return r;
+}
+
+MoeExpertsReference ref_moe_experts(const std::vector<uint16_t>& x, const std::vector<uint16_t>& gate_up,
+                                    const std::vector<int32_t>& experts, int rows, int top_k, int hidden,
+                                    int intermediate) {
+  const size_t outputs = size_t(rows) * top_k * intermediate;
+  MoeExpertsReference r{std::vector<uint16_t>(outputs), std::vector<double>(outputs), std::vector<double>(outputs),
+                        std::vector<double>(outputs), std::vector<double>(outputs)};
+  for (int row = 0; row < rows; ++row) {
+    const uint16_t* xr = x.data() + size_t(row) * hidden;
+    for (int j = 0; j < top_k; ++j) {
+      const size_t e = size_t(experts[size_t(row) * top_k + j]);
+      for (int c = 0; c < intermediate; ++c) {
+        const uint16_t* wg = gate_up.data() + (e * 2 * intermediate + c) * hidden;
+        const uint16_t* wu = wg + size_t(intermediate) * hidden;
+        double g = 0, u = 0, ga = 0, ua = 0;
+        for (int i = 0; i < hidden; ++i) {
+          const double xi = bf(xr[i]), gi = bf(wg[i]) * xi, ui = bf(wu[i]) * xi;
+          g += gi, u += ui, ga += std::fabs(gi), ua += std::fabs(ui);
+        }
+        const size_t o = (size_t(row) * top_k + j) * intermediate + c;
+        r.gate[o] = g, r.up[o] = u, r.gate_abs[o] = ga, r.up_abs[o] = ua;
+        const float act = round_bf16(silu(round_bf16(float(g))));
+        r.act[o] = float_to_bf16_bits(mul_rn(act, round_bf16(float(u))));
+      }
+    }
+  }
+  return r;
+}
+
+MoeCombineReference ref_moe_combine(const std::vector<uint16_t>& act, const std::vector<uint16_t>& down,
+                                    const std::vector<int32_t>& experts, const std::vector<float>& weights, int rows,
+                                    int top_k, int hidden, int intermediate) {
+  MoeCombineReference r{std::vector<uint16_t>(size_t(rows) * hidden),
+                        std::vector<double>(size_t(rows) * top_k * hidden),
+                        std::vector<double>(size_t(rows) * top_k * hidden)};
+  for (int row = 0; row < rows; ++row) {
+    for (int h = 0; h < hidden; ++h) {
+      float acc = 0.0f;
+      for (int j = 0; j < top_k; ++j) {
+        const size_t pair = size_t(row) * top_k + j;
+        const uint16_t* a = act.data() + pair * intermediate;
+        const uint16_t* w = down.data() + (size_t(experts[pair]) * hidden + h) * intermediate;
+        double y = 0, ya = 0;
+        for (int i = 0; i < intermediate; ++i) {
+          const double t = double(bf(a[i])) * bf(w[i]);
+          y += t, ya += std::fabs(t);
+        }
+        r.y[pair * hidden + h] = y, r.y_abs[pair * hidden + h] = ya;
+        acc = round_bf16(add_rn(acc, round_bf16(mul_rn(round_bf16(float(y)), weights[pair]))));
+      }
+      r.out[size_t(row) * hidden + h] = float_to_bf16_bits(acc);
+    }
+  }
+  return r;
 }
 
 GemmReference ref_gemm(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w, int m, int n, int k) {

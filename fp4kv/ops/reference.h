@@ -43,6 +43,37 @@ QkvOutputs ref_qk_norm_rope(const std::vector<uint16_t>& qkv, const std::vector<
 // out [rows][intermediate] from gate_up [rows][2 intermediate].
 std::vector<uint16_t> ref_swiglu(const std::vector<uint16_t>& gate_up, int rows, int intermediate);
 
+// moe.h's routing, bit for bit: experts ascending and BF16-valued weights, [rows][top_k];
+// error_flags gets kErrorRouterLogit for a row with a non-finite logit (experts 0..k-1, weight 0).
+struct MoeRouteReference {
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+  int32_t error_flags = 0;
+};
+MoeRouteReference ref_moe_route(const std::vector<uint16_t>& logits, int rows, int num_experts, int top_k,
+                                bool normalize_top_k);
+
+// moe_experts' act [rows][top_k][intermediate] with the gate and up products in double (then
+// rounded as the kernel rounds its FP32 sums), and those exact products and their error
+// scales sum |x w| (for the tolerance of tests/ops), all [rows][top_k][intermediate].
+struct MoeExpertsReference {
+  std::vector<uint16_t> act;
+  std::vector<double> gate, up, gate_abs, up_abs;
+};
+MoeExpertsReference ref_moe_experts(const std::vector<uint16_t>& x, const std::vector<uint16_t>& gate_up,
+                                    const std::vector<int32_t>& experts, int rows, int top_k, int hidden,
+                                    int intermediate);
+
+// moe_combine's out [rows][hidden] with the down products in double, and those products and
+// their error scales, [rows][top_k][hidden].
+struct MoeCombineReference {
+  std::vector<uint16_t> out;
+  std::vector<double> y, y_abs;
+};
+MoeCombineReference ref_moe_combine(const std::vector<uint16_t>& act, const std::vector<uint16_t>& down,
+                                    const std::vector<int32_t>& experts, const std::vector<float>& weights, int rows,
+                                    int top_k, int hidden, int intermediate);
+
 // Y = X W^T in double from the BF16 inputs, and sum_k |x w| per output (the error scale).
 struct GemmReference {
   std::vector<double> y;        // [m][n]
