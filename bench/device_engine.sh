@@ -5,6 +5,10 @@
 #   bench/device_engine.sh e2e      fp4kv bench e2e (Qwen3-4B shape)
 #   bench/device_engine.sh step     fp4kv bench gemm and bench step (Qwen3-4B shape), and bench e2e's
 #                                   TPOT and cache-work parts (PARTS=... overrides)
+#   bench/device_engine.sh moe      the Qwen3-MoE path: the CPU runner against transformers on a
+#                                   small random Qwen3MoeForCausalLM (bench/hf_moe_reference.py +
+#                                   fp4kv check-model), then bench step and bench e2e (TPOT at
+#                                   128K, throughput at 128K) of qwen3-30b-a3b:random
 #   bench/device_engine.sh serve    fp4kv serve --device cuda + fp4kv load-test (load, then two
 #                                   soaks; the server's RSS and GPU memory after each)
 #   bench/device_engine.sh eval     pass-key retrieval at 8192 tokens, >= 600 questions per preset
@@ -46,6 +50,16 @@ step)
     --json "$OUT"/step.json --markdown "$OUT"/step.md > "$OUT"/step.log 2>&1; echo "step rc=$?"; cat "$OUT"/step.log
   timeout 300 $E/fp4kv bench e2e --model qwen3-4b:random --parts ${PARTS:-tpot,overhead} --tpot-contexts 262144 \
     --json "$OUT"/e2e.json --markdown "$OUT"/e2e.md > "$OUT"/e2e.log 2>&1; echo "e2e rc=$?"; tail -30 "$OUT"/e2e.log
+  ;;
+moe)
+  python3 bench/hf_moe_reference.py /tmp/hf-moe > "$OUT"/moe.log 2>&1 && \
+    $E/fp4kv check-model --model /tmp/hf-moe >> "$OUT"/moe.log 2>&1; echo "check-model rc=$?"; tail -12 "$OUT"/moe.log
+  timeout 200 $E/fp4kv bench step --model qwen3-30b-a3b:random --presets bf16,nvfp4 --contexts 4096,131072 \
+    --batches 1,8 --json "$OUT"/moe_step.json --markdown "$OUT"/moe_step.md > "$OUT"/moe_step.log 2>&1
+  echo "moe step rc=$?"; cat "$OUT"/moe_step.log
+  timeout 300 $E/fp4kv bench e2e --model qwen3-30b-a3b:random --parts tpot,throughput --tpot-contexts 131072 \
+    --throughput-context 131072 --json "$OUT"/moe_e2e.json --markdown "$OUT"/moe_e2e.md > "$OUT"/moe_e2e.log 2>&1
+  echo "moe e2e rc=$?"; tail -30 "$OUT"/moe_e2e.log
   ;;
 serve)
   $E/fp4kv serve --device cuda --port 18500 --max-batch 32 > "$OUT"/serve.log 2>&1 &

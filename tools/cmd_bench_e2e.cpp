@@ -79,7 +79,7 @@ void tpot_part(Run& run, const E2eArgs& A) {
     for (int batch : positive_ints(A.tpot_batches, "--tpot-batches")) {
       const long long pages = (ctx + 2 * kPageTokens - 1) / kPageTokens;
       const double bf16_floor_us =
-          (double(run.w.bytes()) + cache_bytes(c, parse_recipe("bf16"), batch, ctx / kPageTokens)) / (run.read_tbs * 1e12) * 1e6;
+          (double(run.w.step_read_bytes(batch)) + cache_bytes(c, parse_recipe("bf16"), batch, ctx / kPageTokens)) / (run.read_tbs * 1e12) * 1e6;
       double bf16_us = 0;
       for (const std::string& preset : split_csv(A.presets)) {
         const Recipe r = parse_recipe(preset);

@@ -1,5 +1,5 @@
 // `fp4kv bench gemm`: the decode step's weight GEMMs of a model shape (QKV, O, gate_up, down
-// per layer; the LM head), per batch size: cuBLASLt's heuristic algorithm, our GEMV (ops/gemv.h,
+// or a MoE layer's router, per layer; the LM head), per batch size: cuBLASLt's heuristic algorithm, our GEMV (ops/gemv.h,
 // batch <= 8) and the tuned plan (ops::Gemm::tune, which of them it kept), each timed as a
 // pass over every layer's matrix in order (as a decode step reads them: together far larger
 // than the L2 cache), median of CUDA-event-timed passes. Reports microseconds per matrix, the
@@ -42,6 +42,8 @@ struct StepGemm {
   std::vector<const __nv_bfloat16*> weights;
 };
 
+// The dense MLP's GEMMs over the dense layers, the router's over the sparse (MoE) ones; a
+// GEMM no layer has is left out. (The MoE experts are ops/moe.h kernels, not GEMMs.)
 std::vector<StepGemm> step_gemms(const engine::GpuWeights& w, int m) {
   const model::Qwen3Config& c = w.config();
   std::vector<StepGemm> g = {
@@ -49,13 +51,20 @@ std::vector<StepGemm> step_gemms(const engine::GpuWeights& w, int m) {
       {"o", {m, c.hidden_size, c.num_attention_heads * c.head_dim}, {}},
       {"gate_up", {m, 2 * c.intermediate_size, c.hidden_size}, {}},
       {"down", {m, c.hidden_size, c.intermediate_size}, {}},
+      {"router", {m, c.num_experts, c.hidden_size}, {}},
       {"lm_head", {m, c.vocab_size, c.hidden_size, ops::GemmOutput::f32}, {w.lm_head()}}};
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    g[0].weights.push_back(w.layer(l).wqkv);
-    g[1].weights.push_back(w.layer(l).wo);
-    g[2].weights.push_back(w.layer(l).w_gate_up);
-    g[3].weights.push_back(w.layer(l).w_down);
+    const engine::GpuLayerWeights& L = w.layer(l);
+    g[0].weights.push_back(L.wqkv);
+    g[1].weights.push_back(L.wo);
+    if (L.sparse()) {
+      g[4].weights.push_back(L.router);
+    } else {
+      g[2].weights.push_back(L.w_gate_up);
+      g[3].weights.push_back(L.w_down);
+    }
   }
+  std::erase_if(g, [](const StepGemm& x) { return x.weights.empty(); });
   return g;
 }
 
@@ -113,7 +122,8 @@ int run_bench_gemm(const GemmBenchArgs& A) {
   testing::measure_bandwidth(read_tbs, copy_tbs);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  const double floor_us = double(w.bytes()) / (read_tbs * 1e12) * 1e6;
+  auto floor_of = [&](int batch) { return double(w.step_read_bytes(batch)) / (read_tbs * 1e12) * 1e6; };
+  const double floor_us = floor_of(1);
   std::printf("%s on %s: weights %.2f GB, read %.2f TB/s -> weight-read floor %.0f us per step\n", A.model.c_str(),
               prop.name, w.bytes() / 1e9, read_tbs, floor_us);
   nlohmann::json j = {{"model", A.model}, {"device", prop.name}, {"read_tbs", read_tbs}, {"weight_floor_us", floor_us}};
@@ -145,9 +155,9 @@ int run_bench_gemm(const GemmBenchArgs& A) {
     }
     std::printf("batch %3d step GEMMs: heuristic %.0f us, %s%.0f us, tuned %.0f us (%.2fx the weight floor)\n", m,
                 step_heuristic, gemv_everywhere ? "gemv " : "gemv where it runs ", step_gemv, step_tuned,
-                step_tuned / floor_us);
+                step_tuned / floor_of(m));
     j["steps"].push_back({{"batch", m}, {"heuristic_us", step_heuristic}, {"gemv_us", step_gemv},
-                          {"tuned_us", step_tuned}, {"x_floor", step_tuned / floor_us}});
+                          {"tuned_us", step_tuned}, {"x_floor", step_tuned / floor_of(m)}});
     std::fflush(stdout);
   }
   write_output_file(A.json, j.dump(1) + "\n", "--json");

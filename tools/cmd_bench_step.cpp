@@ -80,7 +80,9 @@ int run_bench_step(const StepBenchArgs& A) {
   const engine::GpuWeights w = engine::GpuWeights::from_spec(A.model);
   double read_tbs = 0, copy_tbs = 0;
   testing::measure_bandwidth(read_tbs, copy_tbs);
-  const double floor_us = double(w.bytes()) / (read_tbs * 1e12) * 1e6;
+  // The weight-read floor of a step of `batch` rows (a MoE model reads only the chosen experts).
+  auto floor_of = [&](int batch) { return double(w.step_read_bytes(batch)) / (read_tbs * 1e12) * 1e6; };
+  const double floor_us = floor_of(1);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf("%s on %s: weights %.2f GB, read %.2f TB/s -> weight-read floor %.0f us per step\n", A.model.c_str(),
@@ -109,14 +111,14 @@ int run_bench_step(const StepBenchArgs& A) {
         } else {
           e["graph_us"] = p.graph_us;
           e["eager_us"] = p.eager_us;
-          e["x_floor"] = p.graph_us / floor_us;
+          e["x_floor"] = p.graph_us / floor_of(batch);
           for (int k = 0; k < engine::kStepParts; ++k)
             e[std::string(engine::step_part_name(engine::StepPart(k))) + "_us"] = p.parts.us[k];
           std::printf("%-14s %7d %5d %10.1f %10.1f %7.2f %9.1f %9.1f %9.1f %9.1f %8.1f\n", p.preset.c_str(), ctx, batch,
-                      p.graph_us, p.eager_us, p.graph_us / floor_us, p.parts.us[0], p.parts.us[1], p.parts.us[2],
+                      p.graph_us, p.eager_us, p.graph_us / floor_of(batch), p.parts.us[0], p.parts.us[1], p.parts.us[2],
                       p.parts.us[3], p.cache_gb);
           std::snprintf(line, sizeof line, "| %s | %d | %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-                        p.preset.c_str(), ctx, batch, p.graph_us, p.eager_us, p.graph_us / floor_us, p.parts.us[0],
+                        p.preset.c_str(), ctx, batch, p.graph_us, p.eager_us, p.graph_us / floor_of(batch), p.parts.us[0],
                         p.parts.us[1], p.parts.us[2], p.parts.us[3], p.cache_gb);
         }
         std::fflush(stdout);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "fp4kv/attention/kv_cache_adapter.h"
@@ -11,6 +12,7 @@
 #include "fp4kv/core/error.h"
 #include "fp4kv/ops/common.h"
 #include "fp4kv/ops/embedding.h"
+#include "fp4kv/ops/moe.h"
 #include "fp4kv/ops/qk_norm_rope.h"
 #include "fp4kv/ops/rms_norm.h"
 #include "fp4kv/ops/swiglu.h"
@@ -43,6 +45,12 @@ struct GpuModel::Activations {
   SamplingRow* params;
   __nv_bfloat16 *x, *h, *qkv, *q, *attn, *delta, *gate_up, *act;
   float *k, *v, *logits;
+  // Qwen3-MoE layers (null for a dense model): router logits [B][experts], the chosen experts
+  // and weights [B][top_k], their SwiGLU outputs [B][top_k][moe_intermediate], the kernels' scratch.
+  __nv_bfloat16 *router_logits = nullptr, *moe_act = nullptr;
+  int32_t* moe_experts = nullptr;
+  float* moe_weights = nullptr;
+  ops::MoeWorkspace moe_workspace;
   __nv_bfloat16* rope_cos;
   __nv_bfloat16* rope_sin;
   int rope_positions = 0;
@@ -68,6 +76,16 @@ struct GpuModel::Activations {
     k = device_array<float>(B * kvd, owned, "k");
     v = device_array<float>(B * kvd, owned, "v");
     logits = device_array<float>(size_t(B) * c.vocab_size, owned, "logits");
+    if (c.is_moe()) {
+      const size_t E = c.num_experts, k = c.num_experts_per_tok;
+      router_logits = device_array<__nv_bfloat16>(B * E, owned, "router logits");
+      moe_experts = device_array<int32_t>(B * k, owned, "chosen experts");
+      moe_weights = device_array<float>(B * k, owned, "expert weights");
+      moe_act = device_array<__nv_bfloat16>(B * k * c.moe_intermediate_size, owned, "expert activations");
+      void* scratch = device_array<uint8_t>(ops::moe_workspace_bytes(B, int(k), c.hidden_size, int(E)), owned,
+                                            "MoE workspace");
+      moe_workspace = ops::moe_workspace(scratch, B, int(k), int(E));
+    }
     const ops::RopeTable rope = ops::make_rope_table(c.head_dim, c.rope_theta, max_context);
     rope_positions = rope.positions;
     rope_cos = device_array<__nv_bfloat16>(rope.cos_bits.size(), owned, "rope cos");
@@ -109,15 +127,33 @@ struct GpuModel::Staging {
   }
 };
 
+namespace {
+
+bool has_dense_layer(const model::Qwen3Config& c) {
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.is_sparse_layer(l)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// The plans of one batch size; the dense MLP's only when some layer is dense, the router's
+// only for a MoE model.
 struct GpuModel::Gemms {
-  ops::Gemm qkv, o, gate_up, down, lm_head;
+  ops::Gemm qkv, o, lm_head;
+  std::optional<ops::Gemm> gate_up, down, router;
   Gemms(const model::Qwen3Config& c, int m)
       : qkv({m, (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim, c.hidden_size},
             kGemmWorkspaceBytes),
         o({m, c.hidden_size, c.num_attention_heads * c.head_dim}, kGemmWorkspaceBytes),
-        gate_up({m, 2 * c.intermediate_size, c.hidden_size}, kGemmWorkspaceBytes),
-        down({m, c.hidden_size, c.intermediate_size}, kGemmWorkspaceBytes),
-        lm_head({m, c.vocab_size, c.hidden_size, ops::GemmOutput::f32}, kGemmWorkspaceBytes) {}
+        lm_head({m, c.vocab_size, c.hidden_size, ops::GemmOutput::f32}, kGemmWorkspaceBytes) {
+    if (has_dense_layer(c)) {
+      gate_up.emplace(ops::GemmShape{m, 2 * c.intermediate_size, c.hidden_size}, kGemmWorkspaceBytes);
+      down.emplace(ops::GemmShape{m, c.hidden_size, c.intermediate_size}, kGemmWorkspaceBytes);
+    }
+    if (c.is_moe()) router.emplace(ops::GemmShape{m, c.num_experts, c.hidden_size}, kGemmWorkspaceBytes);
+  }
 };
 
 namespace {
@@ -241,18 +277,23 @@ GpuModel::Gemms& GpuModel::gemms_for(int batch) {
   auto g = std::make_unique<Gemms>(config(), batch);
   if (options_.tune_gemms) {  // on every layer's weights and the step's own buffers (their contents do not matter)
     Activations& a = *act_;
-    std::vector<const __nv_bfloat16*> qkv, o, gate_up, down;
+    std::vector<const __nv_bfloat16*> qkv, o, gate_up, down, router;
     for (int l = 0; l < config().num_hidden_layers; ++l) {
       const GpuLayerWeights& w = weights_.layer(l);
       qkv.push_back(w.wqkv);
       o.push_back(w.wo);
-      gate_up.push_back(w.w_gate_up);
-      down.push_back(w.w_down);
+      if (w.sparse()) {
+        router.push_back(w.router);
+      } else {
+        gate_up.push_back(w.w_gate_up);
+        down.push_back(w.w_down);
+      }
     }
     g->qkv.tune(a.h, qkv, a.qkv, stream_);
     g->o.tune(a.attn, o, a.delta, stream_);
-    g->gate_up.tune(a.h, gate_up, a.gate_up, stream_);
-    g->down.tune(a.act, down, a.delta, stream_);
+    if (g->gate_up) g->gate_up->tune(a.h, gate_up, a.gate_up, stream_);
+    if (g->down) g->down->tune(a.act, down, a.delta, stream_);
+    if (g->router) g->router->tune(a.h, router, a.router_logits, stream_);
     g->lm_head.tune(a.h, {weights_.lm_head()}, a.logits, stream_);
   }
   return *gemms_.emplace(batch, std::move(g)).first->second;
@@ -299,11 +340,30 @@ void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
   mark(StepPart::gemm);
   ops::add_rms_norm({a.x, a.delta, w.post_norm, a.h, B, c.hidden_size, eps}, stream_);
   mark(StepPart::other);
-  g.gate_up.run(a.h, w.w_gate_up, a.gate_up, stream_);
+  if (w.sparse()) {
+    enqueue_moe(w, B, g);
+    return;
+  }
+  g.gate_up->run(a.h, w.w_gate_up, a.gate_up, stream_);
   mark(StepPart::gemm);
   ops::swiglu({a.gate_up, a.act, B, c.intermediate_size}, stream_);
   mark(StepPart::other);
-  g.down.run(a.act, w.w_down, a.delta, stream_);
+  g.down->run(a.act, w.w_down, a.delta, stream_);
+  mark(StepPart::gemm);
+}
+
+// The sparse block of a Qwen3-MoE layer on the normed rows a.h, into a.delta (ops/moe.h).
+void GpuModel::enqueue_moe(const GpuLayerWeights& w, int B, const Gemms& g) {
+  const model::Qwen3Config& c = config();
+  Activations& a = *act_;
+  const int E = c.num_experts, k = c.num_experts_per_tok, H = c.hidden_size, EI = c.moe_intermediate_size;
+  g.router->run(a.h, w.router, a.router_logits, stream_);
+  mark(StepPart::gemm);
+  ops::moe_route({a.router_logits, a.moe_experts, a.moe_weights, B, E, k, c.norm_topk_prob, a.flags}, stream_);
+  mark(StepPart::other);
+  ops::moe_experts({a.h, w.experts_gate_up, a.moe_experts, a.moe_act, B, k, E, H, EI}, a.moe_workspace, stream_);
+  ops::moe_combine({a.moe_act, w.experts_down, a.moe_experts, a.moe_weights, a.delta, B, k, E, H, EI},
+                   a.moe_workspace, stream_);
   mark(StepPart::gemm);
 }
 
@@ -450,6 +510,8 @@ void GpuModel::check_errors() const {
   if (op_flags == 0 && cache_flags == 0) return;
   if (op_flags & ops::kErrorTokenOutOfRange) throw Error("GpuModel: a token id outside the vocabulary reached the GPU");
   if (op_flags & ops::kErrorPositionOutOfRange) throw Error("GpuModel: a position outside the RoPE table reached the GPU");
+  if (op_flags & ops::kErrorRouterLogit)
+    throw Error("GpuModel: a MoE router logit was NaN or infinite (the hidden state overflowed BF16)");
   if (cache_flags & cache::kErrorSlotsExhausted)
     throw Error("GpuModel: more requests in a step than BF16 slots (max_slots " + std::to_string(options_.max_slots) +
                 ")");

@@ -149,6 +149,7 @@ class GpuModel {
   void upload(const StepRows& rows);
   void enqueue_step(int batch);
   void enqueue_layer(int layer, int batch, const Gemms& g);
+  void enqueue_moe(const GpuLayerWeights& w, int batch, const Gemms& g);
   Gemms& gemms_for(int batch);
   void check_errors() const;
   void mark(StepPart part);  // records a profiling event when profile_step is running

@@ -1,15 +1,17 @@
-// GPU weights of a Qwen3 dense model (gpu_weights.h): the checkpoint loader, the random
+// GPU weights of a Qwen3 model, dense or MoE (gpu_weights.h): the checkpoint loader, the random
 // shapes, and the single allocation every tensor lives in.
 #include "fp4kv/engine/gpu_weights.h"
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/half.h"
 #include "fp4kv/model/safetensors.h"
+#include "fp4kv/ops/moe.h"
 
 namespace fp4kv::engine {
 
@@ -23,6 +25,7 @@ struct NamedShape {
   int vocab, hidden, intermediate, layers, heads, kv_heads, head_dim;
   bool tied;
   int max_positions, eos;
+  int experts = 0, experts_per_token = 0, expert_intermediate = 0;  // Qwen3-MoE (every layer sparse)
 };
 
 // Hugging Face Qwen3 configs (head_dim 128, RoPE theta 1e6, RMSNorm eps 1e-6).
@@ -33,6 +36,7 @@ constexpr NamedShape kShapes[] = {
     {"qwen3-8b", 151936, 4096, 12288, 36, 32, 8, 128, false, 40960, 151645},
     {"qwen3-14b", 151936, 5120, 17408, 40, 40, 8, 128, false, 40960, 151645},
     {"qwen3-32b", 151936, 5120, 25600, 64, 64, 8, 128, false, 40960, 151645},
+    {"qwen3-30b-a3b", 151936, 2048, 6144, 48, 32, 4, 128, false, 40960, 151645, 128, 8, 768},
     {"pk8l", 264, 512, 1024, 8, 8, 2, 128, true, 32768, 257},
 };
 
@@ -64,14 +68,43 @@ __global__ void fill_value_kernel(__nv_bfloat16* out, size_t n, float value) {
     out[i] = __float2bfloat16(value);
 }
 
-// The tensors of one layer in allocation order, with their element counts.
+// The tensors of one layer in allocation order, with their element counts (0: absent).
 struct LayerSizes {
-  size_t input_norm, post_norm, q_norm, k_norm, wqkv, wo, w_gate_up, w_down;
+  size_t input_norm, post_norm, q_norm, k_norm, wqkv, wo, w_gate_up, w_down, router, experts_gate_up, experts_down;
 };
-LayerSizes layer_sizes(const model::Qwen3Config& c) {
+LayerSizes layer_sizes(const model::Qwen3Config& c, int layer) {
   const size_t H = c.hidden_size, d = c.head_dim, I = c.intermediate_size;
   const size_t qkv_rows = size_t(c.num_attention_heads + 2 * c.num_key_value_heads) * d;
-  return {H, H, d, d, qkv_rows * H, H * c.num_attention_heads * d, 2 * I * H, H * I};
+  LayerSizes s{H, H, d, d, qkv_rows * H, H * c.num_attention_heads * d, 0, 0, 0, 0, 0};
+  if (!c.is_sparse_layer(layer)) {
+    s.w_gate_up = 2 * I * H;
+    s.w_down = H * I;
+    return s;
+  }
+  const size_t E = c.num_experts, EI = c.moe_intermediate_size;
+  s.router = E * H;
+  s.experts_gate_up = E * 2 * EI * H;
+  s.experts_down = E * H * EI;
+  return s;
+}
+size_t layer_bytes(const LayerSizes& s) {
+  size_t total = 0;
+  for (size_t n : {s.input_norm, s.post_norm, s.q_norm, s.k_norm, s.wqkv, s.wo, s.w_gate_up, s.w_down, s.router,
+                   s.experts_gate_up, s.experts_down})
+    total += n > 0 ? aligned(2 * n) : 0;
+  return total;
+}
+
+// The GPU MoE kernels' limits (ops/moe.h), checked when the weights are made.
+void check_moe_supported(const model::Qwen3Config& c) {
+  if (!c.is_moe()) return;
+  require(c.num_experts <= ops::kMoeMaxExperts && c.num_experts_per_tok <= ops::kMoeMaxTopK,
+          "GpuWeights: " + std::to_string(c.num_experts) + " experts, " + std::to_string(c.num_experts_per_tok) +
+              " per token: the GPU MoE kernels take at most " + std::to_string(ops::kMoeMaxExperts) + " experts and " +
+              std::to_string(ops::kMoeMaxTopK) + " per token");
+  require(c.hidden_size % 8 == 0 && c.moe_intermediate_size % 8 == 0,
+          "GpuWeights: hidden_size and moe_intermediate_size must be multiples of 8 for the GPU MoE kernels (got " +
+              std::to_string(c.hidden_size) + ", " + std::to_string(c.moe_intermediate_size) + ")");
 }
 
 // Copies a checkpoint tensor (any float dtype, converted to BF16 exactly for a BF16
@@ -86,6 +119,27 @@ void upload(const model::SafetensorsArchive& archive, const std::string& name, c
   std::vector<uint16_t> bits(values.size());
   for (size_t i = 0; i < values.size(); ++i) bits[i] = float_to_bf16_bits(values[i]);
   cache::cuda_check(cudaMemcpy(dst, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice), "load weight " + name);
+}
+
+// A sparse layer's router and experts (layer prefix `p`), from the Hub's per-expert tensors or
+// transformers 5's fused ones (model/qwen3.cpp reads the same two forms).
+void upload_experts(const model::SafetensorsArchive& archive, const model::Qwen3Config& c, const std::string& p,
+                    const GpuLayerWeights& L) {
+  const int64_t E = c.num_experts, EI = c.moe_intermediate_size, H = c.hidden_size;
+  auto dst = [](const __nv_bfloat16* q) { return const_cast<__nv_bfloat16*>(q); };
+  upload(archive, p + "mlp.gate.weight", {E, H}, dst(L.router));
+  if (archive.contains(p + "mlp.experts.gate_up_proj")) {
+    upload(archive, p + "mlp.experts.gate_up_proj", {E, 2 * EI, H}, dst(L.experts_gate_up));
+    upload(archive, p + "mlp.experts.down_proj", {E, H, EI}, dst(L.experts_down));
+    return;
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+    __nv_bfloat16* gate = dst(L.experts_gate_up) + e * 2 * EI * H;
+    upload(archive, x + "gate_proj.weight", {EI, H}, gate);
+    upload(archive, x + "up_proj.weight", {EI, H}, gate + EI * H);
+    upload(archive, x + "down_proj.weight", {H, EI}, dst(L.experts_down) + e * H * EI);
+  }
 }
 
 }  // namespace
@@ -117,6 +171,10 @@ model::Qwen3Config known_shape(const std::string& name) {
     c.tie_word_embeddings = s.tied;
     c.max_position_embeddings = s.max_positions;
     c.eos_token_ids = {s.eos};
+    c.num_experts = s.experts;
+    c.num_experts_per_tok = s.experts_per_token;
+    c.moe_intermediate_size = s.expert_intermediate;
+    c.norm_topk_prob = s.experts > 0;  // Qwen3-30B-A3B's config
     return c;
   }
   std::string list;
@@ -133,18 +191,15 @@ bool is_random_model_spec(const std::string& spec, std::string* shape) {
 }
 
 GpuWeights::GpuWeights(const model::Qwen3Config& config) : config_(config) {
-  require(!config.is_moe(), "GpuWeights: Qwen3-MoE (" + std::to_string(config.num_experts) +
-                                " experts) does not run on the GPU engine yet; the CPU runner (--device cpu) runs it");
+  check_moe_supported(config);
   const size_t V = config.vocab_size, H = config.hidden_size;
-  const LayerSizes ls = layer_sizes(config);
-  const size_t per_layer = aligned(2 * ls.input_norm) + aligned(2 * ls.post_norm) + aligned(2 * ls.q_norm) +
-                           aligned(2 * ls.k_norm) + aligned(2 * ls.wqkv) + aligned(2 * ls.wo) +
-                           aligned(2 * ls.w_gate_up) + aligned(2 * ls.w_down);
   const size_t tables = config.tie_word_embeddings ? 1 : 2;
-  bytes_ = tables * aligned(2 * V * H) + aligned(2 * H) + per_layer * config.num_hidden_layers;
+  bytes_ = tables * aligned(2 * V * H) + aligned(2 * H);
+  for (int l = 0; l < config.num_hidden_layers; ++l) bytes_ += layer_bytes(layer_sizes(config, l));
   cache::cuda_check(cudaMalloc(&memory_, bytes_), "GpuWeights: " + std::to_string(bytes_) + " bytes");
   uint8_t* p = static_cast<uint8_t*>(memory_);
-  auto take = [&p](size_t elements) {
+  auto take = [&p](size_t elements) -> const __nv_bfloat16* {
+    if (elements == 0) return nullptr;
     auto* t = reinterpret_cast<__nv_bfloat16*>(p);
     p += aligned(2 * elements);
     return t;
@@ -153,6 +208,7 @@ GpuWeights::GpuWeights(const model::Qwen3Config& config) : config_(config) {
   lm_head_ = config.tie_word_embeddings ? embed_ : take(V * H);
   final_norm_ = take(H);
   for (int l = 0; l < config.num_hidden_layers; ++l) {
+    const LayerSizes ls = layer_sizes(config, l);
     GpuLayerWeights w;
     w.input_norm = take(ls.input_norm);
     w.post_norm = take(ls.post_norm);
@@ -162,8 +218,22 @@ GpuWeights::GpuWeights(const model::Qwen3Config& config) : config_(config) {
     w.wo = take(ls.wo);
     w.w_gate_up = take(ls.w_gate_up);
     w.w_down = take(ls.w_down);
+    w.router = take(ls.router);
+    w.experts_gate_up = take(ls.experts_gate_up);
+    w.experts_down = take(ls.experts_down);
     layers_.push_back(w);
   }
+}
+
+size_t GpuWeights::step_read_bytes(int batch) const {
+  size_t total = bytes_;
+  if (!config_.is_moe()) return total;
+  const size_t expert_bytes = size_t(3) * config_.moe_intermediate_size * config_.hidden_size * 2;
+  const size_t read = std::min<size_t>(config_.num_experts, size_t(batch) * config_.num_experts_per_tok);
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    if (config_.is_sparse_layer(l)) total -= (config_.num_experts - read) * expert_bytes;
+  }
+  return total;
 }
 
 GpuWeights GpuWeights::load(const std::string& dir) {
@@ -187,6 +257,10 @@ GpuWeights GpuWeights::load(const std::string& dir) {
     upload(archive, p + "self_attn.k_proj.weight", {hkv * d, H}, dst(L.wqkv) + hq * d * H);
     upload(archive, p + "self_attn.v_proj.weight", {hkv * d, H}, dst(L.wqkv) + (hq + hkv) * d * H);
     upload(archive, p + "self_attn.o_proj.weight", {H, hq * d}, dst(L.wo));
+    if (L.sparse()) {
+      upload_experts(archive, c, p, L);
+      continue;
+    }
     upload(archive, p + "mlp.gate_proj.weight", {I, H}, dst(L.w_gate_up));
     upload(archive, p + "mlp.up_proj.weight", {I, H}, dst(L.w_gate_up) + I * H);
     upload(archive, p + "mlp.down_proj.weight", {H, I}, dst(L.w_down));
@@ -201,7 +275,6 @@ GpuWeights GpuWeights::random(const model::Qwen3Config& shape, uint64_t seed) {
   config.max_position_embeddings = 0;
   GpuWeights w(config);
   w.random_ = true;
-  const LayerSizes ls = layer_sizes(config);
   const float amplitude = kRandomStd * kUniformAmplitudePerStd;
   uint64_t stream_id = 0;
   auto fill = [&](const __nv_bfloat16* t, size_t n) {
@@ -217,15 +290,23 @@ GpuWeights GpuWeights::random(const model::Qwen3Config& shape, uint64_t seed) {
   fill(w.embed_, VH);
   if (!config.tie_word_embeddings) fill(w.lm_head_, VH);
   ones(w.final_norm_, config.hidden_size);
-  for (const GpuLayerWeights& L : w.layers_) {
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    const GpuLayerWeights& L = w.layers_[size_t(l)];
+    const LayerSizes ls = layer_sizes(config, l);
     ones(L.input_norm, ls.input_norm);
     ones(L.post_norm, ls.post_norm);
     ones(L.q_norm, ls.q_norm);
     ones(L.k_norm, ls.k_norm);
     fill(L.wqkv, ls.wqkv);
     fill(L.wo, ls.wo);
-    fill(L.w_gate_up, ls.w_gate_up);
-    fill(L.w_down, ls.w_down);
+    if (L.sparse()) {
+      fill(L.router, ls.router);
+      fill(L.experts_gate_up, ls.experts_gate_up);
+      fill(L.experts_down, ls.experts_down);
+    } else {
+      fill(L.w_gate_up, ls.w_gate_up);
+      fill(L.w_down, ls.w_down);
+    }
   }
   cache::cuda_check(cudaDeviceSynchronize(), "GpuWeights::random");
   return w;

@@ -1,8 +1,9 @@
-// A Qwen3 dense model's weights on the GPU, in the checkpoint's BF16, laid out for the
-// engine's fused GEMMs: per layer the q, k and v projections stacked into one [(q_heads +
-// 2 kv_heads) head_dim][hidden] matrix and gate/up into one [2 intermediate][hidden] matrix
-// (the row orders ops/qk_norm_rope.h and ops/swiglu.h read). Tied embeddings share one
-// table for the embedding gather and the LM head.
+// A Qwen3 model's weights on the GPU (dense, or Qwen3-MoE), in the checkpoint's BF16, laid
+// out for the engine's fused GEMMs: per layer the q, k and v projections stacked into one
+// [(q_heads + 2 kv_heads) head_dim][hidden] matrix and gate/up into one [2 intermediate][hidden]
+// matrix (the row orders ops/qk_norm_rope.h and ops/swiglu.h read); a sparse MoE layer has
+// instead its router and every expert's gate/up and down stacked as ops/moe.h reads them.
+// Tied embeddings share one table for the embedding gather and the LM head.
 //
 // Two sources: a Hugging Face checkpoint directory (config.json + safetensors, every tensor
 // name and shape checked), or random weights of a named shape built on the GPU
@@ -24,8 +25,8 @@
 
 namespace fp4kv::engine {
 
-// The Qwen3 dense shapes `NAME:random` accepts: qwen3-0.6b, -1.7b, -4b, -8b, -14b, -32b, and
-// pk8l (the embedded model's shape).
+// The Qwen3 shapes `NAME:random` accepts: qwen3-0.6b, -1.7b, -4b, -8b, -14b, -32b, the MoE
+// qwen3-30b-a3b, and pk8l (the embedded model's shape).
 std::vector<std::string> known_shape_names();
 // Throws fp4kv::Error listing the known names for an unknown one.
 model::Qwen3Config known_shape(const std::string& name);
@@ -47,8 +48,13 @@ struct GpuLayerWeights {
   const __nv_bfloat16* k_norm = nullptr;      // [head_dim]
   const __nv_bfloat16* wqkv = nullptr;        // [(q_heads + 2 kv_heads) head_dim][hidden]
   const __nv_bfloat16* wo = nullptr;          // [hidden][q_heads head_dim]
-  const __nv_bfloat16* w_gate_up = nullptr;   // [2 intermediate][hidden]
-  const __nv_bfloat16* w_down = nullptr;      // [hidden][intermediate]
+  const __nv_bfloat16* w_gate_up = nullptr;   // dense MLP: [2 intermediate][hidden]
+  const __nv_bfloat16* w_down = nullptr;      // dense MLP: [hidden][intermediate]
+  // A sparse (MoE) layer's block instead of the dense MLP; null in a dense layer.
+  const __nv_bfloat16* router = nullptr;           // [experts][hidden]
+  const __nv_bfloat16* experts_gate_up = nullptr;  // [experts][2 moe_intermediate][hidden]
+  const __nv_bfloat16* experts_down = nullptr;     // [experts][hidden][moe_intermediate]
+  bool sparse() const { return router != nullptr; }
 };
 
 class GpuWeights {
@@ -75,6 +81,9 @@ class GpuWeights {
   const __nv_bfloat16* final_norm() const { return final_norm_; }  // [hidden]
   const __nv_bfloat16* lm_head() const { return lm_head_; }    // [vocab][hidden] (embed() when tied)
   size_t bytes() const { return bytes_; }
+  // The least a decode step of `batch` rows reads: every tensor but the experts, and per
+  // sparse layer min(experts, batch x top_k) experts (all of bytes() for a dense model).
+  size_t step_read_bytes(int batch) const;
   bool is_random() const { return random_; }
 
  private:

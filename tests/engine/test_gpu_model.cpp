@@ -1,7 +1,8 @@
 // The GPU engine against its references: pk8l's logits on the GPU against transformers'
 // float32 logits (reference_activations.safetensors) and against the CPU runner over the same
-// recipe's cache; graph replay against eager steps (bit-identical); a batch against its rows
-// run alone; sampling determinism; the errors of bad steps. Every test skips without a GPU.
+// recipe's cache; a small Qwen3-MoE checkpoint against the CPU runner; graph replay against
+// eager steps (bit-identical); a batch against its rows run alone; sampling determinism; the
+// errors of bad steps. Every test skips without a GPU.
 //
 // Tolerances. The GPU engine runs transformers' BF16 arithmetic (BF16 activations rounded at
 // the points ops/*.h list), the references run in float32; a BF16 rounding is a relative
@@ -28,6 +29,7 @@
 #include "fp4kv/model/qwen3.h"
 #include "fp4kv/model/safetensors.h"
 #include "fp4kv/testing/cuda_testing.h"
+#include "../model/fixtures.h"
 
 namespace fp4kv::engine {
 namespace {
@@ -210,6 +212,72 @@ TEST(GpuModel, BadStepsAreClearErrors) {
   EXPECT_THROW(generate_on_gpu(model, {}, o, [](int) {}), Error);
 }
 
+// A small Qwen3-MoE checkpoint (BF16 tensors, so both sides read the same weights): layer 0
+// sparse, layer 1 dense (mlp_only_layers). With every expert chosen (top_k = experts) no
+// routing decision can flip between the engine's BF16 router logits and the runner's float32
+// ones, and the engine must agree with the runner as pk8l does (the file's bounds). With
+// top_k < experts a token whose k-th and (k+1)-th router probabilities lie within the BF16
+// noise may pick another expert on the GPU; those positions differ, so that case is held to
+// top-1 agreement on 90 % of positions and a mean KL of 0.05 (a wrong expert layout, weight or
+// combine order gives KLs near 1). ops/moe's tests check the routing itself bit for bit.
+nlohmann::json small_moe_config(int experts, int top_k) {
+  nlohmann::json c = model::testing::tiny_moe_config();
+  c["vocab_size"] = 300;
+  c["hidden_size"] = 256;
+  c["intermediate_size"] = 384;
+  c["num_attention_heads"] = 8;  // pk8l's attention shape: 4 query heads per KV head, d 128
+  c["num_key_value_heads"] = 2;
+  c["head_dim"] = 128;
+  c["max_position_embeddings"] = 4096;
+  c["num_experts"] = experts;
+  c["num_experts_per_tok"] = top_k;
+  c["moe_intermediate_size"] = 96;
+  c["eos_token_id"] = 299;
+  return c;
+}
+
+std::vector<model::testing::RawTensor> as_bf16_tensors(const std::vector<model::testing::RawTensor>& f32) {
+  std::vector<model::testing::RawTensor> out;
+  for (const auto& t : f32) {
+    std::vector<float> v(t.bytes.size() / 4);
+    std::memcpy(v.data(), t.bytes.data(), t.bytes.size());
+    out.push_back(model::testing::bf16_tensor(t.name, t.shape, v));
+  }
+  return out;
+}
+
+TEST(GpuModel, Qwen3MoeMatchesCpuRunner) {
+  SKIP_WITHOUT_GPU();
+  std::vector<int> tokens;
+  for (int t = 0; t < 200; ++t) tokens.push_back((t * 37 + 11) % 300);
+  for (const auto& [experts, top_k] : {std::pair{8, 8}, std::pair{16, 4}}) {
+    model::testing::TempDir dir;
+    const nlohmann::json c = small_moe_config(experts, top_k);
+    model::testing::write_checkpoint(dir.str(), c, as_bf16_tensors(model::testing::qwen3_tensors(c, 21)));
+    const model::Qwen3Model cpu = model::Qwen3Model::load(dir.str());
+    const GpuWeights w = GpuWeights::load(dir.str());
+    ASSERT_TRUE(w.layer(0).sparse());
+    ASSERT_FALSE(w.layer(1).sparse());
+    GpuModelOptions o = small_options(1, 512);
+    o.cuda_graphs = false;
+    GpuModel model(w, parse_recipe("bf16"), nullptr, o);
+    const std::vector<float> eager = engine_logits(model, tokens);
+    model.set_cuda_graphs(true);
+    const std::vector<float> replayed = engine_logits(model, tokens);
+    EXPECT_EQ(std::memcmp(eager.data(), replayed.data(), eager.size() * 4), 0) << experts << " experts";
+    const Agreement a = compare(cpu.forward(tokens), replayed, int(tokens.size()), 300);
+    std::printf("Qwen3-MoE (%d experts, %d per token) engine bf16 vs CPU runner fp32: mean KL %.3g, top-1 %.3f\n",
+                experts, top_k, a.mean_kl, a.top1);
+    if (top_k == experts) {
+      EXPECT_LT(a.mean_kl, 5e-3);
+      EXPECT_GE(a.top1, 0.95);
+    } else {
+      EXPECT_LT(a.mean_kl, 5e-2);
+      EXPECT_GE(a.top1, 0.90);
+    }
+  }
+}
+
 TEST(GpuWeights, RandomShapesRunAndNamesAreChecked) {
   std::string shape;
   EXPECT_TRUE(is_random_model_spec("qwen3-4b:random", &shape));
@@ -217,6 +285,10 @@ TEST(GpuWeights, RandomShapesRunAndNamesAreChecked) {
   EXPECT_FALSE(is_random_model_spec("models/pk8l", &shape));
   EXPECT_THROW(known_shape("qwen3-5b"), Error);
   EXPECT_EQ(known_shape("qwen3-4b").num_hidden_layers, 36);
+  const model::Qwen3Config moe = known_shape("qwen3-30b-a3b");
+  EXPECT_EQ(moe.num_experts, 128);
+  EXPECT_EQ(moe.num_experts_per_tok, 8);
+  EXPECT_TRUE(moe.is_sparse_layer(47));
   SKIP_WITHOUT_GPU();
   const GpuWeights w = GpuWeights::random(known_shape("qwen3-0.6b"), 3);
   GpuModel model(w, parse_recipe("nvfp4"), nullptr, small_options(2, 1024));
