@@ -293,7 +293,7 @@ GpuModel::Gemms& GpuModel::gemms_for(int batch) {
     g->o.tune(a.attn, o, a.delta, stream_);
     if (g->gate_up) g->gate_up->tune(a.h, gate_up, a.gate_up, stream_);
     if (g->down) g->down->tune(a.act, down, a.delta, stream_);
-    if (g->router) g->router->tune(a.h, router, a.router_logits, stream_);
+    if (g->router && !router.empty()) g->router->tune(a.h, router, a.router_logits, stream_);
     g->lm_head.tune(a.h, {weights_.lm_head()}, a.logits, stream_);
   }
   return *gemms_.emplace(batch, std::move(g)).first->second;

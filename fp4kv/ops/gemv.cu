@@ -6,23 +6,15 @@
 #include <cstdint>
 
 #include "fp4kv/cache/cuda_check.h"
+#include "fp4kv/ops/bf16x8.cuh"
 
 namespace fp4kv::ops {
 
 namespace {
 
 constexpr int kWarps = 8;          // output features per CTA, one per warp
-constexpr int kChunk = 8;          // BF16 per 16-byte load
+constexpr int kChunk = kBf16PerLoad;
 constexpr int kLoadsInFlight = 8;  // W loads a lane issues before it uses any: 4 KiB per warp in flight
-
-__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[kChunk]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-  }
-}
 
 // acc[m] += <W chunk, X[m] chunk> for every row of X.
 template <int M>

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "fp4kv/cache/cuda_check.h"
+#include "fp4kv/ops/bf16x8.cuh"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/hd_math.h"
 #include "fp4kv/ops/common.h"
@@ -22,19 +23,10 @@ constexpr int kRouteWarps = 4;                            // rows per routing CT
 constexpr int kExpertsPerLane = kMoeMaxExperts / 32;      // routing: experts lane, lane + 32, ...
 constexpr int kProductWarps = 8;                          // output features per product CTA
 constexpr int kPairsPerPass = 4;                          // pairs a product warp accumulates at once
-constexpr int kChunk = 8;                                 // BF16 per 16-byte load
+constexpr int kChunk = kBf16PerLoad;
 constexpr int kSortThreads = 1024;
 constexpr int kFoldThreads = 256;
 constexpr int kMaxFoldBlocks = 4096;
-
-__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[kChunk]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-  }
-}
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
