@@ -9,6 +9,8 @@
 #                                   small random Qwen3MoeForCausalLM (bench/hf_moe_reference.py +
 #                                   fp4kv check-model), then bench step and bench e2e (TPOT at
 #                                   128K, throughput at 128K) of qwen3-30b-a3b:random
+#   bench/device_engine.sh python   builds the PyTorch extension (pip, scikit-build-core, against the
+#                                   machine's torch) into /tmp/fp4kv-py and runs python/tests
 #   bench/device_engine.sh serve    fp4kv serve --device cuda + fp4kv load-test (load, then two
 #                                   soaks; the server's RSS and GPU memory after each)
 #   bench/device_engine.sh eval     pass-key retrieval at 8192 tokens, >= 600 questions per preset
@@ -60,6 +62,12 @@ moe)
   timeout 300 $E/fp4kv bench e2e --model qwen3-30b-a3b:random --parts tpot,throughput --tpot-contexts 131072 \
     --throughput-context 131072 --json "$OUT"/moe_e2e.json --markdown "$OUT"/moe_e2e.md > "$OUT"/moe_e2e.log 2>&1
   echo "moe e2e rc=$?"; tail -30 "$OUT"/moe_e2e.log
+  ;;
+python)
+  CMAKE_BUILD_PARALLEL_LEVEL=16 timeout 400 pip install --no-build-isolation --no-deps --break-system-packages \
+    --target /tmp/fp4kv-py -v ./python > "$OUT"/pip.log 2>&1; echo "pip rc=$?"; grep -E "error|Error" "$OUT"/pip.log | head -20
+  (cd /tmp && PYTHONPATH=/tmp/fp4kv-py timeout 300 python3 -m pytest -q -rs /work/main/python/tests \
+    > "$OUT"/pytest.log 2>&1); echo "pytest rc=$?"; tail -40 "$OUT"/pytest.log
   ;;
 serve)
   $E/fp4kv serve --device cuda --port 18500 --max-batch 32 > "$OUT"/serve.log 2>&1 &

@@ -24,7 +24,8 @@ void require_device_ptr(const void* p, size_t align, const char* name) {
 
 }  // namespace
 
-KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k) : config_(c), recipe_(recipe) {
+KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k, const DeviceMemorySource* memory)
+    : config_(c), recipe_(recipe) {
   require(gpu_format_supported(recipe.kv),
           "KvCache: format " + to_string(recipe.kv) + " is not a GPU cache format (bf16, fp8, nvfp4, mxfp4)");
   require(gpu_head_dim_supported(c.head_dim),
@@ -66,6 +67,14 @@ KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k
   auto alloc = [&](size_t bytes, const char* what) -> void* {
     void* p = nullptr;
     if (bytes == 0) return nullptr;
+    if (memory != nullptr) {  // the caller's memory: zeroed here, never freed here
+      p = memory->allocate(bytes, what);
+      require(p != nullptr && aligned(p, 256), std::string("KvCache: the memory source gave no 256-byte aligned ") +
+                                                   "memory for " + what);
+      device_bytes_ += bytes;
+      cuda_check(cudaMemset(p, 0, bytes), "KvCache: cudaMemset");
+      return p;
+    }
     const cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) {
       for (void* q : allocations_) cudaFree(q);

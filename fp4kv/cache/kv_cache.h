@@ -43,6 +43,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "fp4kv/cache/kernels.h"
@@ -70,11 +71,21 @@ struct SlotRows {
   std::vector<float> v;  // [144][head_dim]
 };
 
+// Where a cache's device memory comes from when the caller owns it (the PyTorch extension
+// hands out tensors of its caching allocator): allocate(bytes, what) returns device memory of
+// at least `bytes`, 256-byte aligned, that stays valid until the cache is destroyed, or throws.
+// The cache zeroes it and never frees it.
+struct DeviceMemorySource {
+  std::function<void*(size_t bytes, const char* what)> allocate;
+};
+
 class KvCache {
  public:
   // mu_k: host [layers][kv_heads][head_dim] mean keys for the smoothing of the recipe, or
-  // null (zero). Allocates and zeroes all device memory on the current device.
-  KvCache(const KvCacheConfig& config, const Recipe& recipe, const float* mu_k = nullptr);
+  // null (zero). Allocates (cudaMalloc, or `memory` when given) and zeroes all device memory
+  // on the current device.
+  KvCache(const KvCacheConfig& config, const Recipe& recipe, const float* mu_k = nullptr,
+          const DeviceMemorySource* memory = nullptr);
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;

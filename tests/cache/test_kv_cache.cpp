@@ -26,7 +26,7 @@ struct Harness {
   std::unique_ptr<KvCache> cache;
 
   Harness(const std::string& spec, int d, int layers, int heads, int num_blocks, int max_pages, int slots = 8,
-          int max_batch = 8) {
+          int max_batch = 8, const DeviceMemorySource* memory = nullptr) {
     recipe = parse_recipe(spec);
     cfg.layers = layers;
     cfg.kv_heads = heads;
@@ -36,7 +36,7 @@ struct Harness {
     cfg.max_batch = max_batch;
     cfg.max_pages = max_pages;
     mu = random_tokens(layers, heads, d, 999, 0.5f);
-    cache = std::make_unique<KvCache>(cfg, recipe, mu.data());
+    cache = std::make_unique<KvCache>(cfg, recipe, mu.data(), memory);
   }
   const float* mu_layer(int l) const { return recipe.smooth_keys ? &mu[size_t(l) * cfg.kv_heads * cfg.head_dim] : nullptr; }
 
@@ -263,6 +263,42 @@ TEST(KvCacheNonFinite, CountedAndEncodedAsZero) {
     EXPECT_GT(want, 0);
     hx.expect_matches(r, std::string(spec) + " with non-finite inputs");
     EXPECT_EQ(hx.cache->error_flags(), 0);
+  }
+}
+
+// A cache on the caller's memory (the PyTorch extension's tensors) holds the same bytes as one
+// on its own, lives entirely in what the caller gave, and leaves freeing it to the caller.
+TEST(KvCacheMemory, CallerMemoryHoldsTheSameCache) {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::pair<void*, size_t>> given;
+  const DeviceMemorySource source{[&given](size_t bytes, const char*) {
+    void* p = nullptr;
+    FP4KV_CUDA_OK(cudaMalloc(&p, bytes));
+    given.emplace_back(p, bytes);
+    return p;
+  }};
+  for (const char* spec : {"nvfp4", "bf16"}) {
+    given.clear();
+    Harness own(spec, 128, 2, 2, 8, 3);
+    Harness theirs(spec, 128, 2, 2, 8, 3, 8, 8, &source);
+    Request a = own.make_request({2, 5, 0}, 300, 7), b = theirs.make_request({2, 5, 0}, 300, 7);
+    own.prefill(a, 300);
+    theirs.prefill(b, 300);
+    theirs.expect_matches(b, std::string(spec) + " on caller memory");
+    for (int l = 0; l < 2; ++l)
+      for (int block : {2, 5, 0})
+        for (int h = 0; h < 2; ++h) EXPECT_EQ(own.cache->read_page(l, block, h), theirs.cache->read_page(l, block, h));
+    size_t total = 0;
+    bool pool_given = false;
+    for (const auto& [p, bytes] : given) {
+      total += bytes;
+      pool_given = pool_given || p == static_cast<const void*>(theirs.cache->pool(0));
+    }
+    EXPECT_TRUE(pool_given) << spec;
+    EXPECT_EQ(total, theirs.cache->device_bytes()) << spec;
+    EXPECT_EQ(theirs.cache->device_bytes(), own.cache->device_bytes()) << spec;
+    theirs.cache.reset();  // must not free what it was given
+    for (const auto& [p, bytes] : given) EXPECT_EQ(cudaFree(p), cudaSuccess) << spec;
   }
 }
 
