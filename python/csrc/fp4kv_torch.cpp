@@ -215,6 +215,7 @@ void append(at::Tensor& pool, int64_t cache_id, int64_t layer, const at::Tensor&
   checked("KVCache.append", [&] {
     CacheEntry& e = registry().cache(cache_id);
     require_pool(e, pool);
+    TORCH_CHECK(e.batch > 0, "fp4kv.KVCache.append: call begin_step first");
     const at::Tensor kf = kv_input(k, e.cache->config(), "k"), vf = kv_input(v, e.cache->config(), "v");
     TORCH_CHECK(kf.size(0) == e.batch && vf.size(0) == e.batch, "fp4kv.KVCache.append: k and v must have the step's ",
                 e.batch, " rows");
@@ -270,6 +271,7 @@ std::tuple<at::Tensor, at::Tensor> decode(const at::Tensor& q, const at::Tensor&
     DecodeEntry& d = registry().decode(plan_id);
     CacheEntry& e = registry().cache(d.cache_id);
     require_pool(e, pool);
+    TORCH_CHECK(e.batch > 0, "fp4kv.DecodeWrapper.run: call cache.begin_step first");
     const attention::DecodeGeometry& g = d.attention->geometry();
     require_cuda(q, "q", at::kBFloat16, 3);
     TORCH_CHECK(q.size(0) == e.batch && q.size(1) == g.q_heads && q.size(2) == g.head_dim,
