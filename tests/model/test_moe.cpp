@@ -64,6 +64,15 @@ RandomMoe random_moe(int E, int k, int H, int I, uint32_t seed) {
   return m;
 }
 
+// rows x cols standard normal values.
+std::vector<float> random_rows(int rows, int cols, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> x(size_t(rows) * cols);
+  for (float& v : x) v = n(rng);
+  return x;
+}
+
 // One dense SwiGLU MLP of expert e on one row, in double.
 std::vector<double> expert_output(const RandomMoe& m, int e, const float* x) {
   std::vector<double> act(size_t(m.I)), y(size_t(m.H), 0.0);
@@ -85,10 +94,8 @@ std::vector<double> expert_output(const RandomMoe& m, int e, const float* x) {
 TEST(MoeMlp, EveryExpertChosenIsTheSoftmaxWeightedSum) {
   const RandomMoe m = random_moe(6, 6, 16, 10, 3);
   const int T = 4;
-  std::mt19937 rng(9);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::vector<float> x(size_t(T) * m.H), out(x.size());
-  for (float& v : x) v = n(rng);
+  const std::vector<float> x = random_rows(T, m.H, 9);
+  std::vector<float> out(x.size());
   moe_mlp(m.weights(/*normalize=*/false), x.data(), T, out.data());
   for (int t = 0; t < T; ++t) {
     const float* xt = x.data() + size_t(t) * m.H;
@@ -114,10 +121,8 @@ TEST(MoeMlp, IdenticalExpertsRenormalizedEqualOneDenseMlp) {
     std::copy_n(m.down.begin(), m.H * m.I, m.down.begin() + size_t(e) * m.H * m.I);
   }
   const int T = 7;
-  std::mt19937 rng(2);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::vector<float> x(size_t(T) * m.H), out(x.size());
-  for (float& v : x) v = n(rng);
+  const std::vector<float> x = random_rows(T, m.H, 2);
+  std::vector<float> out(x.size());
   moe_mlp(m.weights(/*normalize=*/true), x.data(), T, out.data());
   for (int t = 0; t < T; ++t) {
     const auto want = expert_output(m, 0, x.data() + size_t(t) * m.H);
