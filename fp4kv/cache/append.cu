@@ -33,6 +33,9 @@ __device__ __forceinline__ uint16_t* bf16_pool_row(const CacheDims& dims, const 
 
 template <int D>
 __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
+  // Launched as a programmatic dependent (launch()): the grid is set up while the op that
+  // wrote the K/V rows finishes; wait for it before reading anything.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   constexpr int E = D / 32;
   const CacheDims& dims = a.dims;
   const int kv = threadIdx.x / 32, lane = threadIdx.x % 32, head = blockIdx.y;
@@ -89,13 +92,33 @@ __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
   }
 }
 
+// A decode step's append is a few CTAs whose cost is launch latency: as a programmatic
+// dependent launch, its grid is set up while the producer of K/V (QK-norm + RoPE) finishes,
+// and it waits for that producer in griddepcontrol.wait. Falls back to a plain launch where
+// the attribute is refused.
+template <int D>
+void launch_rows(const RowKernelArgs& a, int rows, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(rows, a.dims.heads);
+  cfg.blockDim = dim3(64);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (cudaLaunchKernelEx(&cfg, rows_kernel<D>, a) != cudaSuccess) {
+    (void)cudaGetLastError();
+    rows_kernel<D><<<cfg.gridDim, cfg.blockDim, 0, stream>>>(a);
+  }
+}
+
 void launch(const RowKernelArgs& a, int rows, cudaStream_t stream) {
   if (rows <= 0) return;
-  const dim3 grid(rows, a.dims.heads);
   switch (a.dims.d) {
-    case 64: rows_kernel<64><<<grid, 64, 0, stream>>>(a); break;
-    case 128: rows_kernel<128><<<grid, 64, 0, stream>>>(a); break;
-    case 256: rows_kernel<256><<<grid, 64, 0, stream>>>(a); break;
+    case 64: launch_rows<64>(a, rows, stream); break;
+    case 128: launch_rows<128>(a, rows, stream); break;
+    case 256: launch_rows<256>(a, rows, stream); break;
     default: throw Error("cache row kernel: unsupported head_dim " + std::to_string(a.dims.d));
   }
   cuda_check_launch("cache row kernel launch");
