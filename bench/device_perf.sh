@@ -4,6 +4,8 @@
 # Nsight Compute counters are bench/ncu_decode.sh. Logs and results go to $OUT.
 #   bench/device_perf.sh .devbin/perf.tar.xz [full|tests|bench] [extra bench args...]
 # CONTEXTS=4096,131072 limits both the SDPA baseline and the bench to those contexts.
+# SANITIZE / SANITIZE_CACHE: gtest filters of attention / cache tests run under memcheck,
+# racecheck and synccheck (tests mode).
 set -o pipefail
 TAR=${1:-.devbin/perf.tar.xz}; WHAT=${2:-full}; shift 2
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"
@@ -39,6 +41,13 @@ if [ "$WHAT" != bench ]; then
     for tool in memcheck racecheck synccheck; do
       timeout 150 compute-sanitizer --tool $tool $B/fp4kv_attention_tests --gtest_filter="$SANITIZE" > "$OUT"/$tool.log 2>&1
       echo "$tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT"/$tool.log | tail -3
+    done
+  fi
+  if [ -n "$SANITIZE_CACHE" ]; then  # a gtest filter over the cache tests
+    for tool in memcheck racecheck synccheck; do
+      timeout 150 compute-sanitizer --tool $tool $B/fp4kv_cache_tests --gtest_filter="$SANITIZE_CACHE" \
+        > "$OUT"/cache_$tool.log 2>&1
+      echo "cache $tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT"/cache_$tool.log | tail -3
     done
   fi
 fi
