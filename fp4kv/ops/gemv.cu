@@ -7,6 +7,7 @@
 
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/ops/bf16x8.cuh"
+#include "fp4kv/ops/pdl.cuh"
 
 namespace fp4kv::ops {
 
@@ -31,10 +32,23 @@ __device__ __forceinline__ void accumulate_chunk(const uint4& w_chunk, const __n
   }
 }
 
+// kLoadsInFlight streaming loads of W's chunks first, first + 32, ... (W is read once: past
+// the caches); chunks past the row are left as they are.
+__device__ __forceinline__ void load_w(const uint4* __restrict__ wrow, int first, int chunks,
+                                       uint4 (&wv)[kLoadsInFlight]) {
+#pragma unroll
+  for (int j = 0; j < kLoadsInFlight; ++j) {
+    const int c = first + 32 * j;
+    if (c < chunks) wv[j] = __ldcs(wrow + c);
+  }
+}
+
 // A lane owns the chunks lane, lane + 32, ... of W's row. The step is bound by how many bytes
 // are in flight (a Qwen3 row is 5-19 KiB, a whole matrix one or two waves): each pass issues
 // kLoadsInFlight independent streaming loads first, then consumes them in k order, so the
-// per-lane summation order is the plain k order.
+// per-lane summation order is the plain k order. Launched as a programmatic dependent of the
+// op that writes X: the first pass's W loads are issued before waiting for it (W depends on
+// nothing), X is read and Y written only after.
 template <int M, bool F32Out>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __nv_bfloat16* __restrict__ x,
                                                            const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
@@ -47,13 +61,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __nv_bfloat16* 
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  uint4 wv[kLoadsInFlight];
+  load_w(wrow, lane, chunks, wv);
+  wait_for_producer();
   for (int first = lane; first < chunks; first += 32 * kLoadsInFlight) {
-    uint4 wv[kLoadsInFlight];
-#pragma unroll
-    for (int j = 0; j < kLoadsInFlight; ++j) {
-      const int c = first + 32 * j;
-      if (c < chunks) wv[j] = __ldcs(wrow + c);  // W is read once: stream it past the caches
-    }
+    if (first != lane) load_w(wrow, first, chunks, wv);
 #pragma unroll
     for (int j = 0; j < kLoadsInFlight; ++j) {
       const int c = first + 32 * j;
@@ -79,11 +91,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __nv_bfloat16* 
 template <int M>
 void launch_rows(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f32_out, int n, int k,
                  cudaStream_t stream) {
-  const dim3 grid((n + kWarps - 1) / kWarps);
+  const dim3 grid((n + kWarps - 1) / kWarps), block(kWarps * 32);
   if (f32_out)
-    gemv_kernel<M, true><<<grid, kWarps * 32, 0, stream>>>(x, w, y, n, k);
+    launch_dependent(gemv_kernel<M, true>, grid, block, stream, x, w, y, n, k);
   else
-    gemv_kernel<M, false><<<grid, kWarps * 32, 0, stream>>>(x, w, y, n, k);
+    launch_dependent(gemv_kernel<M, false>, grid, block, stream, x, w, y, n, k);
 }
 
 }  // namespace
