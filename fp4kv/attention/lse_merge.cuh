@@ -7,6 +7,7 @@
 #pragma once
 
 #include "fp4kv/attention/device_common.cuh"
+#include "fp4kv/cache/dependent_launch.cuh"
 #include "fp4kv/cache/split_plan.h"
 #include "fp4kv/core/decode_layout.h"
 
@@ -110,20 +111,8 @@ template <int D, IoType IO>
 void launch_combine(const CombineArgs& a, cudaStream_t stream) {
   // Programmatic dependent launch: the combine grid is set up while the decode kernel
   // finishes and waits for it in griddepcontrol.wait.
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(a.q_heads, a.batch);
-  cfg.blockDim = dim3(D);
-  cfg.dynamicSmemBytes = (a.max_splits + 1) * sizeof(float);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (cudaLaunchKernelEx(&cfg, combine_kernel<D, IO>, a) != cudaSuccess) {
-    (void)cudaGetLastError();  // not available here: a plain launch
-    combine_kernel<D, IO><<<dim3(a.q_heads, a.batch), D, (a.max_splits + 1) * sizeof(float), stream>>>(a);
-  }
+  cache::launch_dependent(combine_kernel<D, IO>, dim3(a.q_heads, a.batch), dim3(D), (a.max_splits + 1) * sizeof(float),
+                          stream, a);
 }
 
 }  // namespace fp4kv::attention::detail

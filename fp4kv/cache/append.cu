@@ -3,6 +3,7 @@
 // writes the row straight into its pool block (a BF16 page). Used by prefill (the chunk's
 // sink tokens and its last 128 tokens) and by the decode append (one token per row).
 #include "fp4kv/cache/cuda_check.h"
+#include "fp4kv/cache/dependent_launch.cuh"
 #include "fp4kv/cache/device_common.cuh"
 #include "fp4kv/core/error.h"
 
@@ -35,7 +36,7 @@ template <int D>
 __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
   // Launched as a programmatic dependent (launch()): the grid is set up while the op that
   // wrote the K/V rows finishes; wait for it before reading anything.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  wait_for_producer();
   constexpr int E = D / 32;
   const CacheDims& dims = a.dims;
   const int kv = threadIdx.x / 32, lane = threadIdx.x % 32, head = blockIdx.y;
@@ -94,23 +95,10 @@ __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
 
 // A decode step's append is a few CTAs whose cost is launch latency: as a programmatic
 // dependent launch, its grid is set up while the producer of K/V (QK-norm + RoPE) finishes,
-// and it waits for that producer in griddepcontrol.wait. Falls back to a plain launch where
-// the attribute is refused.
+// and it waits for that producer in wait_for_producer().
 template <int D>
 void launch_rows(const RowKernelArgs& a, int rows, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(rows, a.dims.heads);
-  cfg.blockDim = dim3(64);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (cudaLaunchKernelEx(&cfg, rows_kernel<D>, a) != cudaSuccess) {
-    (void)cudaGetLastError();
-    rows_kernel<D><<<cfg.gridDim, cfg.blockDim, 0, stream>>>(a);
-  }
+  launch_dependent(rows_kernel<D>, dim3(rows, a.dims.heads), dim3(64), 0, stream, a);
 }
 
 void launch(const RowKernelArgs& a, int rows, cudaStream_t stream) {

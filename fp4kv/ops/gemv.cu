@@ -7,7 +7,7 @@
 
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/ops/bf16x8.cuh"
-#include "fp4kv/ops/pdl.cuh"
+#include "fp4kv/cache/dependent_launch.cuh"
 
 namespace fp4kv::ops {
 
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __nv_bfloat16* 
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
   uint4 wv[kLoadsInFlight];
   load_w(wrow, lane, chunks, wv);
-  wait_for_producer();
+  cache::wait_for_producer();
   for (int first = lane; first < chunks; first += 32 * kLoadsInFlight) {
     if (first != lane) load_w(wrow, first, chunks, wv);
 #pragma unroll
@@ -93,9 +93,9 @@ void launch_rows(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f
                  cudaStream_t stream) {
   const dim3 grid((n + kWarps - 1) / kWarps), block(kWarps * 32);
   if (f32_out)
-    launch_dependent(gemv_kernel<M, true>, grid, block, stream, x, w, y, n, k);
+    cache::launch_dependent(gemv_kernel<M, true>, grid, block, 0, stream, x, w, y, n, k);
   else
-    launch_dependent(gemv_kernel<M, false>, grid, block, stream, x, w, y, n, k);
+    cache::launch_dependent(gemv_kernel<M, false>, grid, block, 0, stream, x, w, y, n, k);
 }
 
 }  // namespace

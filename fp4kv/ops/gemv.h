@@ -3,7 +3,7 @@
 // with 16-byte loads (8 BF16 per lane, 8 per lane in flight), multiplies by every X row in FP32 and
 // reduces across the warp; BF16 or FP32 output. A candidate of ops::Gemm::tune, kept only
 // where it measures faster than cuBLASLt's algorithms. Launched as a programmatic dependent
-// (ops/pdl.cuh): its first weight loads overlap the op that produces X (the norms and SwiGLU
+// (cache/dependent_launch.cuh): its first weight loads overlap the op that produces X (the norms and SwiGLU
 // allow their dependents to start at once).
 //
 // Invariants: k is a multiple of 8 and x, w are 16-byte aligned (checked by the caller);

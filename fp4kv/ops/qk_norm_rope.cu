@@ -10,7 +10,7 @@
 #include "fp4kv/core/half.h"
 #include "fp4kv/ops/common.h"
 #include "fp4kv/core/hd_math.h"
-#include "fp4kv/ops/pdl.cuh"
+#include "fp4kv/cache/dependent_launch.cuh"
 
 namespace fp4kv::ops {
 namespace {
@@ -69,7 +69,7 @@ __device__ void norm_rope_head(const HeadIo& io, int head_dim, float eps) {
 }
 
 __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRopeArgs a) {
-  allow_dependents();  // the cache's append may set up its grid
+  cache::allow_dependents();  // the cache's append may set up its grid
   const int heads = a.q_heads + 2 * a.kv_heads;
   const int64_t job = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (job >= int64_t(a.tokens) * heads) return;

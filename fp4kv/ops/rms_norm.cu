@@ -8,7 +8,7 @@
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/hd_math.h"
-#include "fp4kv/ops/pdl.cuh"
+#include "fp4kv/cache/dependent_launch.cuh"
 
 namespace fp4kv::ops {
 namespace {
@@ -46,7 +46,7 @@ __device__ void normalize_row(const __nv_bfloat16* x, const __nv_bfloat16* weigh
 
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const __nv_bfloat16* x, const __nv_bfloat16* weight, int n, float eps, __nv_bfloat16* y) {
-  allow_dependents();  // the next GEMV may start streaming its weights
+  cache::allow_dependents();  // the next GEMV may start streaming its weights
   const size_t row = size_t(blockIdx.x) * n;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < n; i += kThreads) {
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     add_rms_norm_kernel(__nv_bfloat16* residual, const __nv_bfloat16* delta, const __nv_bfloat16* weight, int n,
                         float eps, __nv_bfloat16* y) {
-  allow_dependents();
+  cache::allow_dependents();
   const size_t row = size_t(blockIdx.x) * n;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < n; i += kThreads) {

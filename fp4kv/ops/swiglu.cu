@@ -7,7 +7,7 @@
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/hd_math.h"
-#include "fp4kv/ops/pdl.cuh"
+#include "fp4kv/cache/dependent_launch.cuh"
 
 namespace fp4kv::ops {
 namespace {
@@ -17,7 +17,7 @@ constexpr int kMaxBlocks = 4096;
 
 __global__ void __launch_bounds__(kThreads)
     swiglu_kernel(const __nv_bfloat16* gate_up, int64_t total, int intermediate, __nv_bfloat16* out) {
-  allow_dependents();  // the down GEMV may start streaming its weights
+  cache::allow_dependents();  // the down GEMV may start streaming its weights
   for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < total; e += int64_t(gridDim.x) * kThreads) {
     const int64_t row = e / intermediate, col = e % intermediate;
     const __nv_bfloat16* g = gate_up + row * 2 * intermediate;
