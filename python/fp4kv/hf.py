@@ -40,6 +40,8 @@ class _FP4Layer(CacheLayerMixin):
     def __init__(self, owner: "FP4Cache", layer_idx: int):
         super().__init__()
         self.owner, self.layer_idx = owner, layer_idx
+        self.max_batch_size = owner.block_tables.shape[0]  # what Cache.max_batch_size / max_cache_len read
+        self.max_cache_len = owner.max_length
 
     def lazy_initialization(self, key_states: torch.Tensor):
         self.dtype, self.device = key_states.dtype, key_states.device
