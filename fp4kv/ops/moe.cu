@@ -150,6 +150,7 @@ __device__ __forceinline__ void warp_dots(const __nv_bfloat16* const (&x_rows)[N
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+#pragma unroll 4  // loads of four chunks in flight; each acc[i] still sums in k order
   for (int c = lane; c < chunks; c += 32) {
     float wf[kChunk];
     bf16x8_to_float(__ldg(w_row + c), wf);
