@@ -76,7 +76,7 @@ struct GpuModel::Activations {
     k = device_array<float>(B * kvd, owned, "k");
     v = device_array<float>(B * kvd, owned, "v");
     logits = device_array<float>(size_t(B) * c.vocab_size, owned, "logits");
-    if (c.is_moe()) {
+    if (c.has_sparse_layer()) {
       const size_t E = c.num_experts, k = c.num_experts_per_tok;
       router_logits = device_array<__nv_bfloat16>(B * E, owned, "router logits");
       moe_experts = device_array<int32_t>(B * k, owned, "chosen experts");
@@ -127,19 +127,8 @@ struct GpuModel::Staging {
   }
 };
 
-namespace {
-
-bool has_dense_layer(const model::Qwen3Config& c) {
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    if (!c.is_sparse_layer(l)) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 // The plans of one batch size; the dense MLP's only when some layer is dense, the router's
-// only for a MoE model.
+// only when some layer is sparse.
 struct GpuModel::Gemms {
   ops::Gemm qkv, o, lm_head;
   std::optional<ops::Gemm> gate_up, down, router;
@@ -148,11 +137,11 @@ struct GpuModel::Gemms {
             kGemmWorkspaceBytes),
         o({m, c.hidden_size, c.num_attention_heads * c.head_dim}, kGemmWorkspaceBytes),
         lm_head({m, c.vocab_size, c.hidden_size, ops::GemmOutput::f32}, kGemmWorkspaceBytes) {
-    if (has_dense_layer(c)) {
+    if (c.has_dense_layer()) {
       gate_up.emplace(ops::GemmShape{m, 2 * c.intermediate_size, c.hidden_size}, kGemmWorkspaceBytes);
       down.emplace(ops::GemmShape{m, c.hidden_size, c.intermediate_size}, kGemmWorkspaceBytes);
     }
-    if (c.is_moe()) router.emplace(ops::GemmShape{m, c.num_experts, c.hidden_size}, kGemmWorkspaceBytes);
+    if (c.has_sparse_layer()) router.emplace(ops::GemmShape{m, c.num_experts, c.hidden_size}, kGemmWorkspaceBytes);
   }
 };
 
@@ -293,7 +282,7 @@ GpuModel::Gemms& GpuModel::gemms_for(int batch) {
     g->o.tune(a.attn, o, a.delta, stream_);
     if (g->gate_up) g->gate_up->tune(a.h, gate_up, a.gate_up, stream_);
     if (g->down) g->down->tune(a.act, down, a.delta, stream_);
-    if (g->router && !router.empty()) g->router->tune(a.h, router, a.router_logits, stream_);
+    if (g->router) g->router->tune(a.h, router, a.router_logits, stream_);
     g->lm_head.tune(a.h, {weights_.lm_head()}, a.logits, stream_);
   }
   return *gemms_.emplace(batch, std::move(g)).first->second;

@@ -102,9 +102,10 @@ void check_moe_supported(const model::Qwen3Config& c) {
           "GpuWeights: " + std::to_string(c.num_experts) + " experts, " + std::to_string(c.num_experts_per_tok) +
               " per token: the GPU MoE kernels take at most " + std::to_string(ops::kMoeMaxExperts) + " experts and " +
               std::to_string(ops::kMoeMaxTopK) + " per token");
-  require(c.hidden_size % 8 == 0 && c.moe_intermediate_size % 8 == 0,
-          "GpuWeights: hidden_size and moe_intermediate_size must be multiples of 8 for the GPU MoE kernels (got " +
-              std::to_string(c.hidden_size) + ", " + std::to_string(c.moe_intermediate_size) + ")");
+  require(c.hidden_size % ops::kMoeDimMultiple == 0 && c.moe_intermediate_size % ops::kMoeDimMultiple == 0,
+          "GpuWeights: hidden_size and moe_intermediate_size must be multiples of " +
+              std::to_string(ops::kMoeDimMultiple) + " for the GPU MoE kernels (got " + std::to_string(c.hidden_size) +
+              ", " + std::to_string(c.moe_intermediate_size) + ")");
 }
 
 // Copies a checkpoint tensor (any float dtype, converted to BF16 exactly for a BF16
@@ -227,7 +228,6 @@ GpuWeights::GpuWeights(const model::Qwen3Config& config) : config_(config) {
 
 size_t GpuWeights::step_read_bytes(int batch) const {
   size_t total = bytes_;
-  if (!config_.is_moe()) return total;
   const size_t expert_bytes = size_t(3) * config_.moe_intermediate_size * config_.hidden_size * 2;
   const size_t read = std::min<size_t>(config_.num_experts, size_t(batch) * config_.num_experts_per_tok);
   for (int l = 0; l < config_.num_hidden_layers; ++l) {

@@ -1,23 +1,17 @@
 // Qwen3-MoE sparse MLP block on the CPU (moe.h).
 #include "fp4kv/model/moe.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <string>
 
 #include "fp4kv/core/error.h"
+#include "fp4kv/model/mlp.h"
 
 namespace fp4kv::model {
 
 namespace {
-
-// y[M][N] = x[M][K] w[N][K]^T.
-void linear(const float* x, const float* w, int M, int N, int K, float* y) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
-}
 
 // One token's routing: softmax over `logits`, the top_k indices by decreasing probability
 // (stable: equal probabilities keep index order), their probabilities (renormalized on request).
@@ -86,24 +80,15 @@ void moe_mlp(const MoeWeights& w, const float* x, int tokens, float* out) {
       row_weights[size_t(r.experts[s])].push_back(r.weights[s]);
     }
   }
-  std::vector<float> xe, gate_up, act, y;
+  std::vector<float> xe, y;
   for (int e = 0; e < E; ++e) {  // ascending expert order: each token's sum in transformers' order
     const std::vector<int>& ts = rows[size_t(e)];
     if (ts.empty()) continue;
     const int n = int(ts.size());
     xe.resize(size_t(n) * H);
     for (int i = 0; i < n; ++i) std::copy_n(x + size_t(ts[size_t(i)]) * H, H, xe.data() + size_t(i) * H);
-    gate_up.resize(size_t(n) * 2 * I);
-    linear(xe.data(), w.gate_up + size_t(e) * 2 * I * H, n, 2 * I, H, gate_up.data());
-    act.resize(size_t(n) * I);
-    for (int i = 0; i < n; ++i) {
-      const float* g = gate_up.data() + size_t(i) * 2 * I;
-      const float* u = g + I;
-      float* a = act.data() + size_t(i) * I;
-      for (int c = 0; c < I; ++c) a[c] = g[c] / (1.0f + std::exp(-g[c])) * u[c];
-    }
     y.resize(size_t(n) * H);
-    linear(act.data(), w.down + size_t(e) * H * I, n, H, I, y.data());
+    swiglu_mlp(xe.data(), n, H, I, w.gate_up + size_t(e) * 2 * I * H, w.down + size_t(e) * H * I, y.data());
     for (int i = 0; i < n; ++i) {
       float* o = out + size_t(ts[size_t(i)]) * H;
       const float* yi = y.data() + size_t(i) * H;

@@ -10,6 +10,7 @@
 
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/parallel.h"
+#include "fp4kv/model/mlp.h"
 #include "fp4kv/model/moe.h"
 #include "fp4kv/model/safetensors.h"
 
@@ -17,10 +18,6 @@ namespace fp4kv::model {
 
 namespace {
 
-// y[M][N] = x[M][K] w[N][K]^T: a torch.nn.Linear without bias, weights as stored by HF.
-void linear(const float* x, const float* w, int M, int N, int K, float* y) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
-}
 
 // transformers' Qwen3RMSNorm in float32: weight * (x * rsqrt(mean(x^2) + eps)).
 void rms_norm(const float* x, const float* weight, int n, float eps, float* out) {
@@ -447,19 +444,7 @@ void Qwen3Model::mlp(const Layer& W, const float* xn, int L, float* out) const {
     moe_mlp(moe, xn, L, out);
     return;
   }
-  // SwiGLU MLP: down(silu(gate(x)) * up(x)).
-  const int I = c.intermediate_size;
-  std::vector<float> gate_up(size_t(L) * 2 * I), act(size_t(L) * I);
-  linear(xn, W.w_gate_up.data(), L, 2 * I, H, gate_up.data());
-  parallel_for_chunks(L, std::max<int64_t>(1, 16384 / I), [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const float* g = gate_up.data() + t * 2 * I;
-      const float* u = g + I;
-      float* a = act.data() + t * I;
-      for (int i = 0; i < I; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    }
-  });
-  linear(act.data(), W.w_down.data(), L, H, I, out);
+  swiglu_mlp(xn, L, H, c.intermediate_size, W.w_gate_up.data(), W.w_down.data(), out);
 }
 
 std::vector<int> Qwen3Model::generate_greedy(const std::vector<int>& prompt, int new_tokens, bool stop_at_eos) const {

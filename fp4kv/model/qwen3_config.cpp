@@ -110,6 +110,20 @@ bool Qwen3Config::is_sparse_layer(int layer) const {
   return (layer + 1) % decoder_sparse_step == 0;
 }
 
+bool Qwen3Config::has_dense_layer() const {
+  for (int l = 0; l < num_hidden_layers; ++l) {
+    if (!is_sparse_layer(l)) return true;
+  }
+  return false;
+}
+
+bool Qwen3Config::has_sparse_layer() const {
+  for (int l = 0; l < num_hidden_layers; ++l) {
+    if (is_sparse_layer(l)) return true;
+  }
+  return false;
+}
+
 bool Qwen3Config::is_eos(int token) const {
   return std::find(eos_token_ids.begin(), eos_token_ids.end(), token) != eos_token_ids.end();
 }
@@ -151,9 +165,7 @@ Qwen3Config Qwen3Config::parse(const std::string& json_text, const std::string& 
   c.hidden_size = r.positive_int("hidden_size");
   c.num_hidden_layers = r.positive_int("num_hidden_layers");
   if (is_moe) read_moe(r, j, c);
-  bool any_dense = !is_moe;
-  for (int l = 0; l < c.num_hidden_layers; ++l) any_dense = any_dense || !c.is_sparse_layer(l);
-  if (any_dense || r.has("intermediate_size")) c.intermediate_size = r.positive_int("intermediate_size");
+  if (c.has_dense_layer() || r.has("intermediate_size")) c.intermediate_size = r.positive_int("intermediate_size");
   c.num_attention_heads = r.positive_int("num_attention_heads");
   c.num_key_value_heads = r.has("num_key_value_heads") ? r.positive_int("num_key_value_heads") : c.num_attention_heads;
   if (r.has("head_dim")) {

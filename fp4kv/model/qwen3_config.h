@@ -38,6 +38,9 @@ struct Qwen3Config {
   // transformers' Qwen3MoeDecoderLayer decides: not listed in mlp_only_layers, and
   // (layer + 1) a multiple of decoder_sparse_step.
   bool is_sparse_layer(int layer) const;
+  // Whether some layer has the dense MLP / the sparse MoE block.
+  bool has_dense_layer() const;
+  bool has_sparse_layer() const;
   bool is_eos(int token) const;
 
   // Parses and validates config.json text; `source` names it in error messages.

@@ -24,6 +24,7 @@ constexpr int kExpertsPerLane = kMoeMaxExperts / 32;      // routing: experts la
 constexpr int kProductWarps = 8;                          // output features per product CTA
 constexpr int kPairsPerPass = 4;                          // pairs a product warp accumulates at once
 constexpr int kChunk = kBf16PerLoad;
+static_assert(kMoeDimMultiple % kChunk == 0, "rows must be whole 16-byte loads");
 constexpr int kSortThreads = 1024;
 constexpr int kFoldThreads = 256;
 constexpr int kMaxFoldBlocks = 4096;
@@ -169,6 +170,17 @@ __device__ __forceinline__ void warp_dots(const __nv_bfloat16* const (&x_rows)[N
   }
 }
 
+// v[i] for a runtime i, selected from registers (indexing the array would put it in local memory).
+template <int N>
+__device__ __forceinline__ float element(const float (&v)[N], int i) {
+  float r = v[0];
+#pragma unroll
+  for (int t = 1; t < N; ++t) {
+    if (t == i) r = v[t];
+  }
+  return r;
+}
+
 // ---- gate_up + SwiGLU: one warp per (used expert slot, intermediate feature c) ----
 __global__ void __launch_bounds__(kProductWarps * 32)
     moe_gate_up_kernel(MoeExpertsArgs a, MoeWorkspace ws) {
@@ -194,13 +206,9 @@ __global__ void __launch_bounds__(kProductWarps * 32)
     warp_dots(x_rows, n, w_up, chunks, u);
     if (threadIdx.x % 32 < n) {  // lane i writes pair i
       const int i = threadIdx.x % 32;
-      float gi = g[0], ui = u[0];
-#pragma unroll
-      for (int t = 1; t < kPairsPerPass; ++t) {
-        if (t == i) gi = g[t], ui = u[t];
-      }
-      const float act = round_bf16(silu(round_bf16(gi)));
-      a.act[size_t(pairs[first + i]) * a.intermediate + c] = __float2bfloat16_rn(__fmul_rn(act, round_bf16(ui)));
+      const float act = round_bf16(silu(round_bf16(element(g, i))));
+      a.act[size_t(pairs[first + i]) * a.intermediate + c] =
+          __float2bfloat16_rn(__fmul_rn(act, round_bf16(element(u, i))));
     }
   }
 }
@@ -222,14 +230,9 @@ __global__ void __launch_bounds__(kProductWarps * 32)
     for (int i = 0; i < kPairsPerPass; ++i) act_rows[i] = a.act + size_t(pairs[first + min(i, n - 1)]) * a.intermediate;
     float d[kPairsPerPass];
     warp_dots(act_rows, n, w, a.intermediate / kChunk, d);
-    if (threadIdx.x % 32 < n) {
+    if (threadIdx.x % 32 < n) {  // lane i writes pair i
       const int i = threadIdx.x % 32;
-      float di = d[0];
-#pragma unroll
-      for (int t = 1; t < kPairsPerPass; ++t) {
-        if (t == i) di = d[t];
-      }
-      y[size_t(pairs[first + i]) * a.hidden + h] = __float2bfloat16_rn(di);
+      y[size_t(pairs[first + i]) * a.hidden + h] = __float2bfloat16_rn(element(d, i));
     }
   }
 }
@@ -249,17 +252,16 @@ __global__ void __launch_bounds__(kFoldThreads) moe_fold_kernel(MoeCombineArgs a
   }
 }
 
-std::string dims(int rows, int top_k, int hidden, int intermediate) {
-  return "rows " + std::to_string(rows) + ", top_k " + std::to_string(top_k) + ", hidden " + std::to_string(hidden) +
-         ", intermediate " + std::to_string(intermediate);
-}
-
+// Runs per layer of every eager step: the message is built only on failure.
 void require_product_dims(const char* op, int rows, int top_k, int num_experts, int hidden, int intermediate) {
-  require(rows >= 0 && top_k >= 1 && top_k <= kMoeMaxTopK && num_experts >= 1 && num_experts <= kMoeMaxExperts &&
-              hidden > 0 && intermediate > 0 && hidden % kChunk == 0 && intermediate % kChunk == 0,
-          std::string(op) + ": bad sizes (" + dims(rows, top_k, hidden, intermediate) + ", num_experts " +
-              std::to_string(num_experts) + "; hidden and intermediate must be multiples of 8, top_k in [1, " +
-              std::to_string(kMoeMaxTopK) + "], num_experts in [1, " + std::to_string(kMoeMaxExperts) + "])");
+  if (rows >= 0 && top_k >= 1 && top_k <= kMoeMaxTopK && num_experts >= 1 && num_experts <= kMoeMaxExperts &&
+      hidden > 0 && intermediate > 0 && hidden % kMoeDimMultiple == 0 && intermediate % kMoeDimMultiple == 0)
+    return;
+  throw Error(std::string(op) + ": bad sizes (rows " + std::to_string(rows) + ", top_k " + std::to_string(top_k) +
+              ", num_experts " + std::to_string(num_experts) + ", hidden " + std::to_string(hidden) +
+              ", intermediate " + std::to_string(intermediate) + "; hidden and intermediate must be multiples of " +
+              std::to_string(kMoeDimMultiple) + ", top_k in [1, " + std::to_string(kMoeMaxTopK) +
+              "], num_experts in [1, " + std::to_string(kMoeMaxExperts) + "])");
 }
 
 }  // namespace
@@ -283,15 +285,15 @@ MoeWorkspace moe_workspace(void* base, int max_rows, int top_k, int num_experts)
 }
 
 void moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
-  require(a.num_experts >= 1 && a.num_experts <= kMoeMaxExperts,
-          "moe_route: num_experts " + std::to_string(a.num_experts) + " outside [1, " + std::to_string(kMoeMaxExperts) +
-              "]");
-  require(a.top_k >= 1 && a.top_k <= std::min(a.num_experts, kMoeMaxTopK),
-          "moe_route: top_k " + std::to_string(a.top_k) + " outside [1, min(num_experts, " +
-              std::to_string(kMoeMaxTopK) + ")]");
-  require(a.rows >= 0, "moe_route: rows " + std::to_string(a.rows) + " is negative");
+  if (a.num_experts < 1 || a.num_experts > kMoeMaxExperts)
+    throw Error("moe_route: num_experts " + std::to_string(a.num_experts) + " outside [1, " +
+                std::to_string(kMoeMaxExperts) + "]");
+  if (a.top_k < 1 || a.top_k > std::min(a.num_experts, kMoeMaxTopK))
+    throw Error("moe_route: top_k " + std::to_string(a.top_k) + " outside [1, min(num_experts, " +
+                std::to_string(kMoeMaxTopK) + ")]");
+  if (a.rows < 0) throw Error("moe_route: rows " + std::to_string(a.rows) + " is negative");
   if (a.rows == 0) return;
-  require(a.logits && a.experts && a.weights && a.error_flags, "moe_route: a device pointer is null");
+  if (!a.logits || !a.experts || !a.weights || !a.error_flags) throw Error("moe_route: a device pointer is null");
   moe_route_kernel<<<(a.rows + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, 0, stream>>>(a);
   cache::cuda_check_launch("moe_route");
 }
@@ -299,7 +301,8 @@ void moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
 void moe_experts(const MoeExpertsArgs& a, const MoeWorkspace& ws, cudaStream_t stream) {
   require_product_dims("moe_experts", a.rows, a.top_k, a.num_experts, a.hidden, a.intermediate);
   if (a.rows == 0) return;
-  require(a.x && a.gate_up && a.experts && a.act && ws.used && ws.y, "moe_experts: a device pointer is null");
+  if (!a.x || !a.gate_up || !a.experts || !a.act || !ws.used || !ws.y)
+    throw Error("moe_experts: a device pointer is null");
   const int pairs = a.rows * a.top_k;
   moe_group_kernel<<<1, kSortThreads, 0, stream>>>(a.experts, pairs, a.num_experts, ws);
   cache::cuda_check_launch("moe_experts: grouping");
@@ -311,8 +314,8 @@ void moe_experts(const MoeExpertsArgs& a, const MoeWorkspace& ws, cudaStream_t s
 void moe_combine(const MoeCombineArgs& a, const MoeWorkspace& ws, cudaStream_t stream) {
   require_product_dims("moe_combine", a.rows, a.top_k, a.num_experts, a.hidden, a.intermediate);
   if (a.rows == 0) return;
-  require(a.act && a.down && a.experts && a.weights && a.out && ws.used && ws.y,
-          "moe_combine: a device pointer is null");
+  if (!a.act || !a.down || !a.experts || !a.weights || !a.out || !ws.used || !ws.y)
+    throw Error("moe_combine: a device pointer is null");
   const int pairs = a.rows * a.top_k;
   const dim3 grid((a.hidden + kProductWarps - 1) / kProductWarps, std::min(a.num_experts, pairs));
   moe_down_kernel<<<grid, kProductWarps * 32, 0, stream>>>(a, ws);

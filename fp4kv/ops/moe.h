@@ -19,7 +19,7 @@
 //
 // Layouts: gate_up [experts][2 I][H] (per expert the gate rows, then the up rows), down
 // [experts][H][I]; x [rows][H]; experts int32 and weights float [rows][top_k].
-// Invariants: H and I are multiples of 8, pointers 16-byte aligned; num_experts <= 256,
+// Invariants: H and I are multiples of kMoeDimMultiple, pointers 16-byte aligned; num_experts <= 256,
 // top_k <= 16; a non-finite router logit sets kErrorRouterLogit and gives that row expert 0..k-1
 // with zero weights (no out-of-range expert index is ever written). No host synchronization.
 #pragma once
@@ -34,6 +34,7 @@ namespace fp4kv::ops {
 
 inline constexpr int kMoeMaxExperts = 256;  // 8 per lane of the routing warp
 inline constexpr int kMoeMaxTopK = 16;
+inline constexpr int kMoeDimMultiple = 8;  // hidden and intermediate: whole 16-byte loads of BF16
 
 struct MoeRouteArgs {
   const __nv_bfloat16* logits = nullptr;  // [rows][num_experts]

@@ -179,21 +179,18 @@ MoeExpertsReference ref_moe_experts(const std::vector<uint16_t>& x, const std::v
   MoeExpertsReference r{std::vector<uint16_t>(outputs), std::vector<double>(outputs), std::vector<double>(outputs),
                         std::vector<double>(outputs), std::vector<double>(outputs)};
   for (int row = 0; row < rows; ++row) {
-    const uint16_t* xr = x.data() + size_t(row) * hidden;
     for (int j = 0; j < top_k; ++j) {
-      const size_t e = size_t(experts[size_t(row) * top_k + j]);
+      const size_t pair = size_t(row) * top_k + j, e = size_t(experts[pair]);
+      // The gate rows, then the up rows, of the expert, times this row of x.
+      const GemmReference p =
+          ref_gemm(x.data() + size_t(row) * hidden, gate_up.data() + e * 2 * intermediate * hidden, 1,
+                   2 * intermediate, hidden);
       for (int c = 0; c < intermediate; ++c) {
-        const uint16_t* wg = gate_up.data() + (e * 2 * intermediate + c) * hidden;
-        const uint16_t* wu = wg + size_t(intermediate) * hidden;
-        double g = 0, u = 0, ga = 0, ua = 0;
-        for (int i = 0; i < hidden; ++i) {
-          const double xi = bf(xr[i]), gi = bf(wg[i]) * xi, ui = bf(wu[i]) * xi;
-          g += gi, u += ui, ga += std::fabs(gi), ua += std::fabs(ui);
-        }
-        const size_t o = (size_t(row) * top_k + j) * intermediate + c;
-        r.gate[o] = g, r.up[o] = u, r.gate_abs[o] = ga, r.up_abs[o] = ua;
-        const float act = round_bf16(silu(round_bf16(float(g))));
-        r.act[o] = float_to_bf16_bits(mul_rn(act, round_bf16(float(u))));
+        const size_t o = pair * intermediate + c;
+        r.gate[o] = p.y[size_t(c)], r.gate_abs[o] = p.abs_sum[size_t(c)];
+        r.up[o] = p.y[size_t(intermediate + c)], r.up_abs[o] = p.abs_sum[size_t(intermediate + c)];
+        const float act = round_bf16(silu(round_bf16(float(r.gate[o]))));
+        r.act[o] = float_to_bf16_bits(mul_rn(act, round_bf16(float(r.up[o]))));
       }
     }
   }
@@ -206,20 +203,18 @@ MoeCombineReference ref_moe_combine(const std::vector<uint16_t>& act, const std:
   MoeCombineReference r{std::vector<uint16_t>(size_t(rows) * hidden),
                         std::vector<double>(size_t(rows) * top_k * hidden),
                         std::vector<double>(size_t(rows) * top_k * hidden)};
+  for (size_t pair = 0; pair < size_t(rows) * top_k; ++pair) {
+    const GemmReference p = ref_gemm(act.data() + pair * intermediate,
+                                     down.data() + size_t(experts[pair]) * hidden * intermediate, 1, hidden, intermediate);
+    std::copy(p.y.begin(), p.y.end(), r.y.begin() + pair * hidden);
+    std::copy(p.abs_sum.begin(), p.abs_sum.end(), r.y_abs.begin() + pair * hidden);
+  }
   for (int row = 0; row < rows; ++row) {
     for (int h = 0; h < hidden; ++h) {
       float acc = 0.0f;
       for (int j = 0; j < top_k; ++j) {
         const size_t pair = size_t(row) * top_k + j;
-        const uint16_t* a = act.data() + pair * intermediate;
-        const uint16_t* w = down.data() + (size_t(experts[pair]) * hidden + h) * intermediate;
-        double y = 0, ya = 0;
-        for (int i = 0; i < intermediate; ++i) {
-          const double t = double(bf(a[i])) * bf(w[i]);
-          y += t, ya += std::fabs(t);
-        }
-        r.y[pair * hidden + h] = y, r.y_abs[pair * hidden + h] = ya;
-        acc = round_bf16(add_rn(acc, round_bf16(mul_rn(round_bf16(float(y)), weights[pair]))));
+        acc = round_bf16(add_rn(acc, round_bf16(mul_rn(round_bf16(float(r.y[pair * hidden + h])), weights[pair]))));
       }
       r.out[size_t(row) * hidden + h] = float_to_bf16_bits(acc);
     }
@@ -228,12 +223,16 @@ MoeCombineReference ref_moe_combine(const std::vector<uint16_t>& act, const std:
 }
 
 GemmReference ref_gemm(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w, int m, int n, int k) {
+  return ref_gemm(x.data(), w.data(), m, n, k);
+}
+
+GemmReference ref_gemm(const uint16_t* x, const uint16_t* w, int m, int n, int k) {
   GemmReference r;
   r.y.assign(size_t(m) * n, 0.0);
   r.abs_sum.assign(r.y.size(), 0.0);
-  std::vector<float> xf(x.size()), wf(w.size());
-  for (size_t i = 0; i < x.size(); ++i) xf[i] = bf(x[i]);
-  for (size_t i = 0; i < w.size(); ++i) wf[i] = bf(w[i]);
+  std::vector<float> xf(size_t(m) * k), wf(size_t(n) * k);
+  for (size_t i = 0; i < xf.size(); ++i) xf[i] = bf(x[i]);
+  for (size_t i = 0; i < wf.size(); ++i) wf[i] = bf(w[i]);
   parallel_for_chunks(n, 64, [&](int64_t begin, int64_t end) {
     for (int64_t col = begin; col < end; ++col) {
       const float* wr = wf.data() + size_t(col) * k;

@@ -80,5 +80,6 @@ struct GemmReference {
   std::vector<double> abs_sum;  // [m][n]
 };
 GemmReference ref_gemm(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w, int m, int n, int k);
+GemmReference ref_gemm(const uint16_t* x, const uint16_t* w, int m, int n, int k);  // x [m][k], w [n][k]
 
 }  // namespace fp4kv::ops
