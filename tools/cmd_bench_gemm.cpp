@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fp4kv/core/output_file.h"
+#include "fp4kv/engine/gpu_model.h"
 #include "fp4kv/engine/gpu_weights.h"
 #include "fp4kv/ops/gemm.h"
 #include "fp4kv/ops/gemv.h"
@@ -35,38 +36,7 @@ struct GemmBenchArgs {
   std::string json = "bench_gemm.json", markdown = "bench_gemm.md";
 };
 
-// One GEMM of the step: its shape and the matrices a step reads for it, in order.
-struct StepGemm {
-  std::string name;
-  ops::GemmShape shape;
-  std::vector<const __nv_bfloat16*> weights;
-};
-
-// The dense MLP's GEMMs over the dense layers, the router's over the sparse (MoE) ones; a
-// GEMM no layer has is left out. (The MoE experts are ops/moe.h kernels, not GEMMs.)
-std::vector<StepGemm> step_gemms(const engine::GpuWeights& w, int m) {
-  const model::Qwen3Config& c = w.config();
-  std::vector<StepGemm> g = {
-      {"qkv", {m, (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim, c.hidden_size}, {}},
-      {"o", {m, c.hidden_size, c.num_attention_heads * c.head_dim}, {}},
-      {"gate_up", {m, 2 * c.intermediate_size, c.hidden_size}, {}},
-      {"down", {m, c.hidden_size, c.intermediate_size}, {}},
-      {"router", {m, c.num_experts, c.hidden_size}, {}},
-      {"lm_head", {m, c.vocab_size, c.hidden_size, ops::GemmOutput::f32}, {w.lm_head()}}};
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const engine::GpuLayerWeights& L = w.layer(l);
-    g[0].weights.push_back(L.wqkv);
-    g[1].weights.push_back(L.wo);
-    if (L.sparse()) {
-      g[4].weights.push_back(L.router);
-    } else {
-      g[2].weights.push_back(L.w_gate_up);
-      g[3].weights.push_back(L.w_down);
-    }
-  }
-  std::erase_if(g, [](const StepGemm& x) { return x.weights.empty(); });
-  return g;
-}
+using engine::StepGemm;
 
 // Median microseconds of one matrix: passes over every weight, divided by their number.
 template <class Run>
@@ -132,7 +102,7 @@ int run_bench_gemm(const GemmBenchArgs& A) {
   for (int m : positive_ints(A.batches, "--batches")) {
     double step_heuristic = 0, step_gemv = 0, step_tuned = 0;
     bool gemv_everywhere = true;
-    for (const StepGemm& g : step_gemms(w, m)) {
+    for (const StepGemm& g : engine::step_gemms(w, m)) {
       const GemmTimes t = time_gemm(g, A.runs);
       const double mb = double(g.shape.n) * g.shape.k * 2 / 1e6;
       const double tbs = mb * 1e6 / (t.tuned_us * 1e-6) / 1e12;
@@ -142,11 +112,11 @@ int run_bench_gemm(const GemmBenchArgs& A) {
       step_gemv += (t.gemv_us > 0 ? t.gemv_us : t.heuristic_us) * count;
       gemv_everywhere = gemv_everywhere && t.gemv_us > 0;
       std::printf("batch %3d %-8s %7.1f MB: heuristic %8.2f us, gemv %8.2f us, tuned %8.2f us (%s), %.2f TB/s = %.0f%%\n",
-                  m, g.name.c_str(), mb, t.heuristic_us, t.gemv_us, t.tuned_us, choice_name(t.tuned_choice).c_str(), tbs,
+                  m, g.name, mb, t.heuristic_us, t.gemv_us, t.tuned_us, choice_name(t.tuned_choice).c_str(), tbs,
                   100 * tbs / read_tbs);
       char gemv[32] = "-", line[300];
       if (t.gemv_us > 0) std::snprintf(gemv, sizeof gemv, "%.2f", t.gemv_us);
-      std::snprintf(line, sizeof line, "| %d | %s | %.1f | %.2f | %s | %.2f | %s | %.2f | %.0f %% |\n", m, g.name.c_str(),
+      std::snprintf(line, sizeof line, "| %d | %s | %.1f | %.2f | %s | %.2f | %s | %.2f | %.0f %% |\n", m, g.name,
                     mb, t.heuristic_us, gemv, t.tuned_us, choice_name(t.tuned_choice).c_str(), tbs, 100 * tbs / read_tbs);
       md += line;
       j["points"].push_back({{"batch", m}, {"gemm", g.name}, {"n", g.shape.n}, {"k", g.shape.k},

@@ -2,6 +2,7 @@
 #include "fp4kv/engine/gpu_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <numeric>
 #include <optional>
@@ -127,23 +128,36 @@ struct GpuModel::Staging {
   }
 };
 
-// The plans of one batch size; the dense MLP's only when some layer is dense, the router's
-// only when some layer is sparse.
+// The plans of one batch size, one per StepGemm the model has.
 struct GpuModel::Gemms {
-  ops::Gemm qkv, o, lm_head;
-  std::optional<ops::Gemm> gate_up, down, router;
-  Gemms(const model::Qwen3Config& c, int m)
-      : qkv({m, (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim, c.hidden_size},
-            kGemmWorkspaceBytes),
-        o({m, c.hidden_size, c.num_attention_heads * c.head_dim}, kGemmWorkspaceBytes),
-        lm_head({m, c.vocab_size, c.hidden_size, ops::GemmOutput::f32}, kGemmWorkspaceBytes) {
-    if (c.has_dense_layer()) {
-      gate_up.emplace(ops::GemmShape{m, 2 * c.intermediate_size, c.hidden_size}, kGemmWorkspaceBytes);
-      down.emplace(ops::GemmShape{m, c.hidden_size, c.intermediate_size}, kGemmWorkspaceBytes);
-    }
-    if (c.has_sparse_layer()) router.emplace(ops::GemmShape{m, c.num_experts, c.hidden_size}, kGemmWorkspaceBytes);
-  }
+  std::array<std::optional<ops::Gemm>, kStepGemmKinds> plans;
+  const ops::Gemm& operator[](StepGemmKind kind) const { return *plans[size_t(kind)]; }
 };
+
+std::vector<StepGemm> step_gemms(const GpuWeights& weights, int m) {
+  const model::Qwen3Config& c = weights.config();
+  using K = StepGemmKind;
+  std::vector<StepGemm> g = {
+      {K::qkv, "qkv", {m, (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim, c.hidden_size}, {}},
+      {K::o, "o", {m, c.hidden_size, c.num_attention_heads * c.head_dim}, {}},
+      {K::gate_up, "gate_up", {m, 2 * c.intermediate_size, c.hidden_size}, {}},
+      {K::down, "down", {m, c.hidden_size, c.intermediate_size}, {}},
+      {K::router, "router", {m, c.num_experts, c.hidden_size}, {}},
+      {K::lm_head, "lm_head", {m, c.vocab_size, c.hidden_size, ops::GemmOutput::f32}, {weights.lm_head()}}};
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const GpuLayerWeights& L = weights.layer(l);
+    g[size_t(K::qkv)].weights.push_back(L.wqkv);
+    g[size_t(K::o)].weights.push_back(L.wo);
+    if (L.sparse()) {
+      g[size_t(K::router)].weights.push_back(L.router);
+    } else {
+      g[size_t(K::gate_up)].weights.push_back(L.w_gate_up);
+      g[size_t(K::down)].weights.push_back(L.w_down);
+    }
+  }
+  std::erase_if(g, [](const StepGemm& x) { return x.weights.empty(); });
+  return g;
+}
 
 namespace {
 
@@ -263,29 +277,29 @@ void GpuModel::upload(const StepRows& rows) {
 GpuModel::Gemms& GpuModel::gemms_for(int batch) {
   auto it = gemms_.find(batch);
   if (it != gemms_.end()) return *it->second;
-  auto g = std::make_unique<Gemms>(config(), batch);
-  if (options_.tune_gemms) {  // on every layer's weights and the step's own buffers (their contents do not matter)
-    Activations& a = *act_;
-    std::vector<const __nv_bfloat16*> qkv, o, gate_up, down, router;
-    for (int l = 0; l < config().num_hidden_layers; ++l) {
-      const GpuLayerWeights& w = weights_.layer(l);
-      qkv.push_back(w.wqkv);
-      o.push_back(w.wo);
-      if (w.sparse()) {
-        router.push_back(w.router);
-      } else {
-        gate_up.push_back(w.w_gate_up);
-        down.push_back(w.w_down);
-      }
+  auto g = std::make_unique<Gemms>();
+  for (const StepGemm& s : step_gemms(weights_, batch)) {
+    ops::Gemm& plan = g->plans[size_t(s.kind)].emplace(s.shape, kGemmWorkspaceBytes);
+    if (options_.tune_gemms) {  // on every layer's weights and the step's own buffers (their contents do not matter)
+      const TuningOperands io = tuning_operands(s.kind);
+      plan.tune(io.x, s.weights, io.y, stream_);
     }
-    g->qkv.tune(a.h, qkv, a.qkv, stream_);
-    g->o.tune(a.attn, o, a.delta, stream_);
-    if (g->gate_up) g->gate_up->tune(a.h, gate_up, a.gate_up, stream_);
-    if (g->down) g->down->tune(a.act, down, a.delta, stream_);
-    if (g->router) g->router->tune(a.h, router, a.router_logits, stream_);
-    g->lm_head.tune(a.h, {weights_.lm_head()}, a.logits, stream_);
   }
   return *gemms_.emplace(batch, std::move(g)).first->second;
+}
+
+// The step's input and output buffers of a GEMM, for timing its candidates.
+GpuModel::TuningOperands GpuModel::tuning_operands(StepGemmKind kind) const {
+  const Activations& a = *act_;
+  switch (kind) {
+    case StepGemmKind::qkv: return {a.h, a.qkv};
+    case StepGemmKind::o: return {a.attn, a.delta};
+    case StepGemmKind::gate_up: return {a.h, a.gate_up};
+    case StepGemmKind::down: return {a.act, a.delta};
+    case StepGemmKind::router: return {a.h, a.router_logits};
+    case StepGemmKind::lm_head: return {a.h, a.logits};
+  }
+  throw Error("GpuModel: unknown GEMM kind");
 }
 
 void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
@@ -299,7 +313,7 @@ void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
     ops::add_rms_norm({a.x, a.delta, w.input_norm, a.h, B, c.hidden_size, eps}, stream_);
   }
   mark(StepPart::other);
-  g.qkv.run(a.h, w.wqkv, a.qkv, stream_);
+  g[StepGemmKind::qkv].run(a.h, w.wqkv, a.qkv, stream_);
   mark(StepPart::gemm);
   ops::QkNormRopeArgs r;
   r.qkv = a.qkv;
@@ -325,7 +339,7 @@ void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
   attention_->run(attention::step_of(*cache_, a.block_tables, a.seq_lens, B), attention::layer_view(*cache_, l), a.q,
                   a.attn, nullptr, stream_);
   mark(StepPart::attention);
-  g.o.run(a.attn, w.wo, a.delta, stream_);
+  g[StepGemmKind::o].run(a.attn, w.wo, a.delta, stream_);
   mark(StepPart::gemm);
   ops::add_rms_norm({a.x, a.delta, w.post_norm, a.h, B, c.hidden_size, eps}, stream_);
   mark(StepPart::other);
@@ -333,11 +347,11 @@ void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
     enqueue_moe(w, B, g);
     return;
   }
-  g.gate_up->run(a.h, w.w_gate_up, a.gate_up, stream_);
+  g[StepGemmKind::gate_up].run(a.h, w.w_gate_up, a.gate_up, stream_);
   mark(StepPart::gemm);
   ops::swiglu({a.gate_up, a.act, B, c.intermediate_size}, stream_);
   mark(StepPart::other);
-  g.down->run(a.act, w.w_down, a.delta, stream_);
+  g[StepGemmKind::down].run(a.act, w.w_down, a.delta, stream_);
   mark(StepPart::gemm);
 }
 
@@ -346,7 +360,7 @@ void GpuModel::enqueue_moe(const GpuLayerWeights& w, int B, const Gemms& g) {
   const model::Qwen3Config& c = config();
   Activations& a = *act_;
   const int E = c.num_experts, k = c.num_experts_per_tok, H = c.hidden_size, EI = c.moe_intermediate_size;
-  g.router->run(a.h, w.router, a.router_logits, stream_);
+  g[StepGemmKind::router].run(a.h, w.router, a.router_logits, stream_);
   mark(StepPart::gemm);
   ops::moe_route({a.router_logits, a.moe_experts, a.moe_weights, B, E, k, c.norm_topk_prob, a.flags}, stream_);
   mark(StepPart::other);
@@ -370,7 +384,7 @@ void GpuModel::enqueue_step(int B) {
   mark(StepPart::cache);
   ops::add_rms_norm({a.x, a.delta, weights_.final_norm(), a.h, B, c.hidden_size, float(c.rms_norm_eps)}, stream_);
   mark(StepPart::other);
-  g.lm_head.run(a.h, weights_.lm_head(), a.logits, stream_);
+  g[StepGemmKind::lm_head].run(a.h, weights_.lm_head(), a.logits, stream_);
   mark(StepPart::gemm);
 }
 

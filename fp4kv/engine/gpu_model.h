@@ -89,6 +89,19 @@ inline void check_gpu_recipe(const model::Qwen3Config& c, const Recipe& recipe) 
   attention::DecodeAttention::check_supported(decode_geometry(c), recipe, attention::DecodeCapacity{1, 1, 1});
 }
 
+// The weight GEMMs of a decode step: each one's shape at `batch` rows and the matrices a step
+// multiplies with it (every layer's, in layer order; the LM head's one). The dense MLP's GEMMs
+// exist only with a dense layer, the router's only with a sparse (MoE) one.
+enum class StepGemmKind { qkv, o, gate_up, down, router, lm_head };
+inline constexpr int kStepGemmKinds = 6;
+struct StepGemm {
+  StepGemmKind kind;
+  const char* name;
+  ops::GemmShape shape;
+  std::vector<const __nv_bfloat16*> weights;
+};
+std::vector<StepGemm> step_gemms(const GpuWeights& weights, int batch);
+
 // Rows of `batch` requests where request r owns blocks [r * max_pages, (r + 1) * max_pages),
 // every row feeding `token` with sequence length `seq_len`.
 StepRows consecutive_rows(int batch, int max_pages, int seq_len = 1, int token = 0);
@@ -151,6 +164,11 @@ class GpuModel {
   void enqueue_layer(int layer, int batch, const Gemms& g);
   void enqueue_moe(const GpuLayerWeights& w, int batch, const Gemms& g);
   Gemms& gemms_for(int batch);
+  struct TuningOperands {
+    const __nv_bfloat16* x;
+    void* y;
+  };
+  TuningOperands tuning_operands(StepGemmKind kind) const;
   void check_errors() const;
   void mark(StepPart part);  // records a profiling event when profile_step is running
 
