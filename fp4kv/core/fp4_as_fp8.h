@@ -1,6 +1,6 @@
 // E2M1 (FP4) codes as E4M3 (FP8) bytes: the bit placement an FP8 tensor-core path over FP4
-// cache data starts from (issue "decode kernels, round 2"). A code s|e1 e0|m becomes the byte
-// s|0 0 e1 e0|m 0 0 (sign to bit 7, the three magnitude bits to bits 4..2), and then
+// cache data starts from (an FP8 MMA has k = 32 and twice the FP16 rate). A code s|e1 e0|m
+// becomes the byte s|0 0 e1 e0|m 0 0 (sign to bit 7, the three magnitude bits to bits 4..2), and then
 //   e4m3(byte) = e2m1(code) * 2^-6   exactly, for all 16 codes:
 // a normal code (e1 e0 = E >= 1) is 2^(E-1) (1 + m/2) and its byte 2^(E-7) (1 + m/2); a
 // subnormal code (E = 0) is m/2 and its byte the E4M3 subnormal 2^-6 (4m/8). The product of

@@ -78,7 +78,7 @@ def top_k_kl(ref_logits, logits, skip, top_k):
 
 def test_nvfp4_kl_within_ten_percent_of_fp4kv_eval(model, tmp_path):
     """The same window through transformers with FP4Cache and through `fp4kv eval --device cuda`
-    (the engine): the nvfp4 cache's KL against bf16 agrees within 10 % (the issue's bound)."""
+    (the engine): the nvfp4 cache's KL against bf16 agrees within 10 % (the bound the project holds it to)."""
     import json
     import os
     import subprocess
