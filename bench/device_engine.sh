@@ -9,8 +9,10 @@
 #                                   small random Qwen3MoeForCausalLM (bench/hf_moe_reference.py +
 #                                   fp4kv check-model), then bench step and bench e2e (TPOT at
 #                                   128K, throughput at 128K) of qwen3-30b-a3b:random
+#   bench/device_engine.sh moe-check only the transformers check of the MoE path
 #   bench/device_engine.sh python   builds the PyTorch extension (pip, scikit-build-core, against the
-#                                   machine's torch) into /tmp/fp4kv-py and runs python/tests
+#                                   machine's torch) into /tmp/fp4kv-py, runs python/tests and
+#                                   bench/hf_generate_bench.py (transformers generate at 32K context)
 #   bench/device_engine.sh serve    fp4kv serve --device cuda + fp4kv load-test (load, then two
 #                                   soaks; the server's RSS and GPU memory after each)
 #   bench/device_engine.sh eval     pass-key retrieval at 8192 tokens, >= 600 questions per preset
@@ -53,9 +55,10 @@ step)
   timeout 300 $E/fp4kv bench e2e --model qwen3-4b:random --parts ${PARTS:-tpot,overhead} --tpot-contexts 262144 \
     --json "$OUT"/e2e.json --markdown "$OUT"/e2e.md > "$OUT"/e2e.log 2>&1; echo "e2e rc=$?"; tail -30 "$OUT"/e2e.log
   ;;
-moe)
+moe-check|moe)
   python3 bench/hf_moe_reference.py /tmp/hf-moe > "$OUT"/moe.log 2>&1 && \
     $E/fp4kv check-model --model /tmp/hf-moe >> "$OUT"/moe.log 2>&1; echo "check-model rc=$?"; tail -12 "$OUT"/moe.log
+  [ "$WHAT" = moe-check ] && exit 0
   timeout 200 $E/fp4kv bench step --model qwen3-30b-a3b:random --presets bf16,nvfp4 --contexts 4096,131072 \
     --batches 1,8 --json "$OUT"/moe_step.json --markdown "$OUT"/moe_step.md > "$OUT"/moe_step.log 2>&1
   echo "moe step rc=$?"; cat "$OUT"/moe_step.log
@@ -64,10 +67,31 @@ moe)
   echo "moe e2e rc=$?"; tail -30 "$OUT"/moe_e2e.log
   ;;
 python)
-  CMAKE_BUILD_PARALLEL_LEVEL=16 timeout 400 pip install --no-build-isolation --no-deps --break-system-packages \
-    --target /tmp/fp4kv-py -v ./python > "$OUT"/pip.log 2>&1; echo "pip rc=$?"; grep -E "error|Error" "$OUT"/pip.log | head -20
+  # pip + scikit-build-core as python/README.md says; where pip cannot run the backend, the same
+  # CMake project directly (the package folder plus the built module)
+  python3 -c "import scikit_build_core.build; print('scikit-build-core', scikit_build_core.__version__)" 2>&1 | tail -1
+  python3 -c "from transformers.cache_utils import CacheLayerMixin; print('abstract:', sorted(CacheLayerMixin.__abstractmethods__))"
+  cp "$(python3 -c 'import transformers.cache_utils as c; print(c.__file__)')" "$OUT"/
+  CMAKE_BUILD_PARALLEL_LEVEL=16 timeout 300 python3 -m pip install --no-build-isolation --no-deps --break-system-packages \
+    --target /tmp/fp4kv-py -v ./python > "$OUT"/pip.log 2>&1; RC=$?; echo "pip rc=$RC"
+  if [ $RC != 0 ]; then
+    grep -E "Error|error:" "$OUT"/pip.log | tail -3
+    (cmake -S python -B /tmp/pybuild -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" \
+      && cmake --build /tmp/pybuild -j16 && mkdir -p /tmp/fp4kv-py && cp -r python/fp4kv /tmp/fp4kv-py/ \
+      && cp /tmp/pybuild/_C*.so /tmp/fp4kv-py/fp4kv/) > "$OUT"/cmake_py.log 2>&1; echo "cmake build rc=$?"
+    grep -E "error|Error" "$OUT"/cmake_py.log | head -20
+  fi
   (cd /tmp && PYTHONPATH=/tmp/fp4kv-py timeout 300 python3 -m pytest -q -rs /work/main/python/tests \
-    > "$OUT"/pytest.log 2>&1); echo "pytest rc=$?"; tail -40 "$OUT"/pytest.log
+    > "$OUT"/pytest.log 2>&1); RC=$?; echo "pytest rc=$RC"; tail -40 "$OUT"/pytest.log
+  PYTHONPATH=/tmp/fp4kv-py timeout 120 python3 bench/py_error_probe.py
+  if [ $RC = 139 ]; then  # a crash: the error test alone, with the named native backtrace of the SIGSEGV
+    gcc -shared -fPIC -o /tmp/segv.so bench/segv_backtrace.c
+    (cd /tmp && PYTHONPATH=/tmp/fp4kv-py LD_PRELOAD=/tmp/segv.so timeout 300 python3 -m pytest -q -s -rs -p no:faulthandler \
+      /work/main/python/tests/test_ops.py -k errors) > "$OUT"/crash.log 2>&1
+    python3 bench/symbolize_backtrace.py "$OUT"/crash.log | head -40
+  fi
+  PYTHONPATH=/tmp/fp4kv-py timeout ${BENCH_TIMEOUT:-240} python3 bench/hf_generate_bench.py --context 32768 \
+    --new-tokens 128 --presets nvfp4,bf16 --json "$OUT"/hf_generate.json 2>&1 | grep -v Warning | tail -12
   ;;
 serve)
   $E/fp4kv serve --device cuda --port 18500 --max-batch 32 > "$OUT"/serve.log 2>&1 &

@@ -80,7 +80,9 @@ void check_rope(const Reader& r, const json& rope, const char* key) {
 
 // Qwen3MoeConfig's fields (the ones the forward pass reads).
 void read_moe(const Reader& r, const json& j, Qwen3Config& c) {
-  c.num_experts = r.positive_int("num_experts");
+  // The Hub's Qwen3-MoE configs say num_experts; transformers >= 5 writes num_local_experts.
+  const bool local_name = r.has("num_local_experts") && !r.has("num_experts");
+  c.num_experts = r.positive_int(local_name ? "num_local_experts" : "num_experts");
   c.num_experts_per_tok = r.positive_int("num_experts_per_tok");
   if (c.num_experts_per_tok > c.num_experts) {
     r.fail("num_experts_per_tok " + std::to_string(c.num_experts_per_tok) + " exceeds num_experts " +

@@ -61,6 +61,9 @@ class _FP4Layer(CacheLayerMixin):
     def get_max_cache_shape(self) -> int:
         return self.owner.max_length
 
+    def get_max_length(self) -> int:
+        return self.owner.max_length
+
     def reset(self) -> None:
         raise NotImplementedError("fp4kv.hf.FP4Cache: make a new cache instead of resetting one")
 

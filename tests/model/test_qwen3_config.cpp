@@ -86,6 +86,13 @@ TEST(Qwen3Config, ParsesQwen3Moe) {
   EXPECT_EQ(parse(j).intermediate_size, 0);
   EXPECT_FALSE(parse(tiny_config()).is_moe());
   EXPECT_FALSE(parse(tiny_config()).is_sparse_layer(0));
+
+  j = tiny_moe_config();  // transformers >= 5 writes num_local_experts
+  j["num_local_experts"] = j["num_experts"];
+  j.erase("num_experts");
+  EXPECT_EQ(parse(j).num_experts, 8);
+  j.erase("num_local_experts");
+  expect_error([&] { parse(j); }, {"missing", "num_experts"});
 }
 
 TEST(Qwen3Config, BadMoeFields) {
