@@ -13,6 +13,8 @@
 #   bench/device_engine.sh python   builds the PyTorch extension (pip, scikit-build-core, against the
 #                                   machine's torch) into /tmp/fp4kv-py, runs python/tests and
 #                                   bench/hf_generate_bench.py (transformers generate at 32K context)
+#   bench/device_engine.sh prefill  the chunked-prefill attention tests (and memcheck of a subset),
+#                                   fp4kv bench prefill and PyTorch SDPA's causal kernel beside it
 #   bench/device_engine.sh serve    fp4kv serve --device cuda + fp4kv load-test (load, then two
 #                                   soaks; the server's RSS and GPU memory after each)
 #   bench/device_engine.sh eval     pass-key retrieval at 8192 tokens, >= 600 questions per preset
@@ -92,6 +94,16 @@ python)
   fi
   PYTHONPATH=/tmp/fp4kv-py timeout ${BENCH_TIMEOUT:-240} python3 bench/hf_generate_bench.py --context 32768 \
     --new-tokens 128 --presets nvfp4,bf16 --json "$OUT"/hf_generate.json 2>&1 | grep -v Warning | tail -12
+  ;;
+prefill)
+  (cd $E && timeout 200 ./fp4kv_attention_prefill_tests > "$OUT"/prefill_tests.log 2>&1); echo "prefill tests rc=$?"
+  grep -E "^\[  (FAILED|PASSED)|Failure|max_rel" "$OUT"/prefill_tests.log | head -60
+  (cd $E && timeout 200 compute-sanitizer --tool memcheck ./fp4kv_attention_prefill_tests \
+      --gtest_filter='*nvfp4_d128_s129_T77*:*nvfp4_d128_s700_T65_w256*:*bf16_d64*:*mxfp4_d128_s300*:PrefillErrors.*' \
+      2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tail -3)
+  timeout 200 $E/fp4kv bench prefill --presets ${PRESETS:-bf16,nvfp4} --contexts 4096,32768 --json "$OUT"/prefill.json \
+    --markdown "$OUT"/prefill.md 2>&1 | tail -8
+  timeout 100 python3 bench/sdpa_prefill_baseline.py --contexts 4096,32768
   ;;
 serve)
   $E/fp4kv serve --device cuda --port 18500 --max-batch 32 > "$OUT"/serve.log 2>&1 &

@@ -301,12 +301,15 @@ Action add_bench(CLI::App& app) {
   const Action step = add_bench_step(*cmd);
   const Action e2e = add_bench_e2e(*cmd);
   const Action gemm = add_bench_gemm(*cmd);
+  const Action prefill = add_bench_prefill(*cmd);
   CLI::App* step_cmd = cmd->get_subcommand("step");
   CLI::App* gemm_cmd = cmd->get_subcommand("gemm");
-  return [a, dec, step, e2e, gemm, step_cmd, gemm_cmd] {
+  CLI::App* prefill_cmd = cmd->get_subcommand("prefill");
+  return [a, dec, step, e2e, gemm, prefill, step_cmd, gemm_cmd, prefill_cmd] {
     if (dec->parsed()) return run_bench(*a);
     if (step_cmd->parsed()) return step();
     if (gemm_cmd->parsed()) return gemm();
+    if (prefill_cmd->parsed()) return prefill();
     return e2e();
   };
 }
