@@ -20,6 +20,7 @@
 #include "tools/device_choice.h"
 #ifdef FP4KV_HAVE_CUDA
 #include "fp4kv/engine/gpu_generator.h"
+#include "fp4kv/engine/scheduler.h"
 #include "fp4kv/engine/gpu_weights.h"
 #endif
 
@@ -88,6 +89,9 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
   engine::GpuModelOptions o;
   o.max_batch = 1;
   o.max_context = int(prompt.size()) + a.options.max_tokens;
+  // The tensor-core prefill in the serving scheduler's chunks, so `fp4kv serve` reads a prompt
+  // the way this command does.
+  o.prefill_chunk = engine::SchedulerConfig{}.prefill_chunk;
   engine::GpuModel gpu(w, recipe, cal ? cal->mu_k.data() : nullptr, o);
   const engine::GenerateStats s = engine::generate_on_gpu(gpu, prompt, a.options, print_token);
   print_stats("cuda", recipe, s);

@@ -89,6 +89,19 @@ void GpuBackend::run_prefill(uint64_t request, const std::vector<int>& tokens) {
     model_.step(rows);
     return;
   }
+  if (model_.options().prefill_chunk > 0) {  // the tensor-core prefill, chunk by chunk
+    int& length = lengths_[request];
+    const long long end = (long long)length + (long long)tokens.size();
+    if (end > model_.options().max_context)
+      throw Error("GpuBackend: request " + std::to_string(request) + " would pass the engine's max_context of " +
+                  std::to_string(model_.options().max_context) + " tokens");
+    blocks_.reserve(request, int(end));
+    std::vector<int32_t> row;
+    append_table(request, row);
+    model_.prefill(std::vector<int32_t>(tokens.begin(), tokens.end()), length, row);
+    length = int(end);
+    return;
+  }
   for (int token : tokens) {
     StepRows rows;
     add_row(request, token, rows);

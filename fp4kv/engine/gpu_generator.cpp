@@ -29,10 +29,15 @@ GenerateStats generate_on_gpu(GpuModel& model, const std::vector<int>& prompt, c
   stats.prompt_tokens = int(prompt.size());
   StepRows rows = consecutive_rows(1, model.max_pages());
   auto t0 = std::chrono::steady_clock::now();
-  for (size_t t = 0; t < prompt.size(); ++t) {
-    rows.tokens[0] = prompt[t];
-    rows.seq_lens[0] = int(t) + 1;
-    model.step(rows);
+  if (model.options().prefill_chunk > 0) {  // the tensor-core prefill
+    model.prefill(std::vector<int32_t>(prompt.begin(), prompt.end()), 0, rows.block_tables);
+    rows.seq_lens[0] = int(prompt.size());
+  } else {
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      rows.tokens[0] = prompt[t];
+      rows.seq_lens[0] = int(t) + 1;
+      model.step(rows);
+    }
   }
   for (int step = 0; step < o.max_tokens; ++step) {
     SamplingRow draw = o.sampling;

@@ -38,6 +38,12 @@ T* device_array(size_t n, std::vector<void*>& owned, const char* what) {
 
 int pages_for(long long tokens) { return int((tokens + cache::kPage - 1) / cache::kPage); }
 
+// The prefill's GEMMs run on row counts rounded up to this multiple, so a handful of plans
+// serve every chunk length (the padding rows hold finite stale values; their outputs are unused).
+constexpr int kPrefillGemmRows = 64;
+constexpr int kMaxPrefillChunk = 16384;
+int prefill_rows(int tokens) { return (tokens + kPrefillGemmRows - 1) / kPrefillGemmRows * kPrefillGemmRows; }
+
 }  // namespace
 
 struct GpuModel::Activations {
@@ -46,6 +52,7 @@ struct GpuModel::Activations {
   SamplingRow* params;
   __nv_bfloat16 *x, *h, *qkv, *q, *attn, *delta, *gate_up, *act;
   float *k, *v, *logits;
+  __nv_bfloat16 *k_bf16 = nullptr, *v_bf16 = nullptr;  // prefill only: the chunk's own K/V for attention
   // Qwen3-MoE layers (null for a dense model): router logits [B][experts], the chosen experts
   // and weights [B][top_k], their SwiGLU outputs [B][top_k][moe_intermediate], the kernels' scratch.
   __nv_bfloat16 *router_logits = nullptr, *moe_act = nullptr;
@@ -56,7 +63,9 @@ struct GpuModel::Activations {
   __nv_bfloat16* rope_sin;
   int rope_positions = 0;
 
-  Activations(const model::Qwen3Config& c, int B, int max_pages, int max_context) {
+  // B rows; `prefill`: the chunk activations (BF16 K/V copies, logits of no row: the
+  // prefill's last row goes through the step activations' LM head).
+  Activations(const model::Qwen3Config& c, int B, int max_pages, int max_context, bool prefill = false) {
     const size_t H = c.hidden_size, d = c.head_dim, I = c.intermediate_size;
     const size_t qd = size_t(c.num_attention_heads) * d, kvd = size_t(c.num_key_value_heads) * d;
     tokens = device_array<int32_t>(B, owned, "tokens");
@@ -76,7 +85,15 @@ struct GpuModel::Activations {
     act = device_array<__nv_bfloat16>(B * I, owned, "swiglu");
     k = device_array<float>(B * kvd, owned, "k");
     v = device_array<float>(B * kvd, owned, "v");
-    logits = device_array<float>(size_t(B) * c.vocab_size, owned, "logits");
+    logits = prefill ? nullptr : device_array<float>(size_t(B) * c.vocab_size, owned, "logits");
+    if (prefill) {
+      k_bf16 = device_array<__nv_bfloat16>(B * kvd, owned, "prefill k");
+      v_bf16 = device_array<__nv_bfloat16>(B * kvd, owned, "prefill v");
+      cuda_check(cudaMemset(x, 0, size_t(B) * H * sizeof(__nv_bfloat16)), "GpuModel: prefill rows");
+      cuda_check(cudaMemset(h, 0, size_t(B) * H * sizeof(__nv_bfloat16)), "GpuModel: prefill rows");
+      cuda_check(cudaMemset(attn, 0, B * qd * sizeof(__nv_bfloat16)), "GpuModel: prefill rows");
+      cuda_check(cudaMemset(act, 0, B * I * sizeof(__nv_bfloat16)), "GpuModel: prefill rows");
+    }
     if (c.has_sparse_layer()) {
       const size_t E = c.num_experts, k = c.num_experts_per_tok;
       router_logits = device_array<__nv_bfloat16>(B * E, owned, "router logits");
@@ -172,6 +189,9 @@ GpuModelOptions resolve(const model::Qwen3Config& c, GpuModelOptions o) {
   if (o.max_slots == 0) o.max_slots = std::min(o.max_batch, 2048);
   if (o.num_blocks == 0) o.num_blocks = o.max_batch * pages_for(o.max_context);
   require(o.num_blocks >= 1, "GpuModel: num_blocks must be positive, got " + std::to_string(o.num_blocks));
+  require(o.prefill_chunk >= 0 && o.prefill_chunk <= kMaxPrefillChunk,
+          "GpuModel: prefill_chunk must be in [0, " + std::to_string(kMaxPrefillChunk) + "], got " +
+              std::to_string(o.prefill_chunk));
   return o;
 }
 
@@ -215,6 +235,14 @@ GpuModel::GpuModel(const GpuWeights& weights, const Recipe& recipe, const float*
   attention_ = std::make_unique<attention::DecodeAttention>(geometry, recipe_, attention::capacity_of(*cache_));
   sampler_ = std::make_unique<ops::Sampler>(options_.max_batch, c.vocab_size);
   act_ = std::make_unique<Activations>(c, options_.max_batch, cc.max_pages, options_.max_context);
+  if (options_.prefill_chunk > 0) {
+    attention::PrefillConfig pc;
+    pc.q_heads = c.num_attention_heads;
+    pc.max_chunk_tokens = options_.prefill_chunk;
+    prefill_attention_ = std::make_unique<attention::PrefillAttention>(*cache_, pc);
+    prefill_act_ = std::make_unique<Activations>(c, prefill_rows(options_.prefill_chunk), cc.max_pages,
+                                                 options_.max_context, true);
+  }
   staging_ = std::make_unique<Staging>(options_.max_batch, cc.max_pages);
   cuda_check(cudaDeviceSynchronize(), "GpuModel: setup");
 }
@@ -224,7 +252,10 @@ GpuModel::~GpuModel() {
   for (auto& [batch, exec] : graphs_) cudaGraphExecDestroy(exec);
   if (uploaded_) cudaEventDestroy(uploaded_);
   gemms_.clear();
+  prefill_gemms_.clear();
   staging_.reset();
+  prefill_act_.reset();
+  prefill_attention_.reset();
   act_.reset();
   sampler_.reset();
   attention_.reset();
@@ -288,6 +319,16 @@ GpuModel::Gemms& GpuModel::gemms_for(int batch) {
   return *gemms_.emplace(batch, std::move(g)).first->second;
 }
 
+// Plans for the prefill's row counts: cuBLASLt's heuristic choice (tuning would time them on
+// the step's buffers, sized for max_batch rows).
+GpuModel::Gemms& GpuModel::prefill_gemms_for(int rows) {
+  auto it = prefill_gemms_.find(rows);
+  if (it != prefill_gemms_.end()) return *it->second;
+  auto g = std::make_unique<Gemms>();
+  for (const StepGemm& s : step_gemms(weights_, rows)) g->plans[size_t(s.kind)].emplace(s.shape, kGemmWorkspaceBytes);
+  return *prefill_gemms_.emplace(rows, std::move(g)).first->second;
+}
+
 // The step's input and output buffers of a GEMM, for timing its candidates.
 GpuModel::TuningOperands GpuModel::tuning_operands(StepGemmKind kind) const {
   const Activations& a = *act_;
@@ -343,26 +384,31 @@ void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
   mark(StepPart::gemm);
   ops::add_rms_norm({a.x, a.delta, w.post_norm, a.h, B, c.hidden_size, eps}, stream_);
   mark(StepPart::other);
+  enqueue_mlp(w, a, B, g);
+}
+
+// The MLP of a layer on the normed rows a.h (the GEMMs over g's row count), into a.delta:
+// dense SwiGLU, or the sparse block of a Qwen3-MoE layer.
+void GpuModel::enqueue_mlp(const GpuLayerWeights& w, Activations& a, int B, const Gemms& g) {
   if (w.sparse()) {
-    enqueue_moe(w, B, g);
+    enqueue_moe(w, a, B, g);
     return;
   }
   g[StepGemmKind::gate_up].run(a.h, w.w_gate_up, a.gate_up, stream_);
   mark(StepPart::gemm);
-  ops::swiglu({a.gate_up, a.act, B, c.intermediate_size}, stream_);
+  ops::swiglu({a.gate_up, a.act, B, config().intermediate_size}, stream_);
   mark(StepPart::other);
   g[StepGemmKind::down].run(a.act, w.w_down, a.delta, stream_);
   mark(StepPart::gemm);
 }
 
 // The sparse block of a Qwen3-MoE layer on the normed rows a.h, into a.delta (ops/moe.h).
-void GpuModel::enqueue_moe(const GpuLayerWeights& w, int B, const Gemms& g) {
+void GpuModel::enqueue_moe(const GpuLayerWeights& w, Activations& a, int B, const Gemms& g) {
   const model::Qwen3Config& c = config();
-  Activations& a = *act_;
   const int E = c.num_experts, k = c.num_experts_per_tok, H = c.hidden_size, EI = c.moe_intermediate_size;
   g[StepGemmKind::router].run(a.h, w.router, a.router_logits, stream_);
   mark(StepPart::gemm);
-  ops::moe_route({a.router_logits, a.moe_experts, a.moe_weights, B, E, k, c.norm_topk_prob, a.flags}, stream_);
+  ops::moe_route({a.router_logits, a.moe_experts, a.moe_weights, B, E, k, c.norm_topk_prob, act_->flags}, stream_);
   mark(StepPart::other);
   ops::moe_experts({a.h, w.experts_gate_up, a.moe_experts, a.moe_act, B, k, E, H, EI}, a.moe_workspace, stream_);
   ops::moe_combine({a.moe_act, w.experts_down, a.moe_experts, a.moe_weights, a.delta, B, k, E, H, EI},
@@ -498,6 +544,102 @@ void GpuModel::step(const StepRows& rows) {
   }
   cuda_check(cudaGraphLaunch(it->second, stream_), "GpuModel: graph launch");
   last_replayed_ = true;
+}
+
+// One layer of a prefill chunk of `T` tokens at positions start .. start + T - 1 (the GEMMs
+// over g's padded row count): as enqueue_layer, with the prefill attention reading the cached
+// prefix before the cache takes the chunk's K/V.
+void GpuModel::enqueue_prefill_layer(int l, int start, int T, const Gemms& g) {
+  const model::Qwen3Config& c = config();
+  const GpuLayerWeights& w = weights_.layer(l);
+  const float eps = float(c.rms_norm_eps);
+  Activations& a = *prefill_act_;
+  if (l == 0) {
+    ops::rms_norm({a.x, w.input_norm, a.h, T, c.hidden_size, eps}, stream_);
+  } else {
+    ops::add_rms_norm({a.x, a.delta, w.input_norm, a.h, T, c.hidden_size, eps}, stream_);
+  }
+  g[StepGemmKind::qkv].run(a.h, w.wqkv, a.qkv, stream_);
+  ops::QkNormRopeArgs r;
+  r.qkv = a.qkv;
+  r.positions = a.positions;
+  r.q_norm = w.q_norm;
+  r.k_norm = w.k_norm;
+  r.rope_cos = a.rope_cos;
+  r.rope_sin = a.rope_sin;
+  r.rope_positions = a.rope_positions;
+  r.tokens = T;
+  r.q_heads = c.num_attention_heads;
+  r.kv_heads = c.num_key_value_heads;
+  r.head_dim = c.head_dim;
+  r.eps = eps;
+  r.q = a.q;
+  r.k = a.k;
+  r.v = a.v;
+  r.k_bf16 = a.k_bf16;
+  r.v_bf16 = a.v_bf16;
+  r.error_flags = act_->flags;
+  ops::qk_norm_rope(r, stream_);
+  auto bits = [](const __nv_bfloat16* p) { return reinterpret_cast<const uint16_t*>(p); };
+  prefill_attention_->run(l, a.block_tables, start, T, bits(a.q), bits(a.k_bf16), bits(a.v_bf16),
+                          reinterpret_cast<uint16_t*>(a.attn), nullptr, stream_);
+  cache_->prefill(l, a.k, a.v, stream_);
+  g[StepGemmKind::o].run(a.attn, w.wo, a.delta, stream_);
+  ops::add_rms_norm({a.x, a.delta, w.post_norm, a.h, T, c.hidden_size, eps}, stream_);
+  enqueue_mlp(w, a, T, g);
+}
+
+// A chunk whose tokens and positions are in the prefill activations: every layer, then the
+// last token's final norm and LM head into the step activations' row 0.
+void GpuModel::enqueue_prefill_chunk(int start, int T) {
+  const model::Qwen3Config& c = config();
+  Activations& a = *prefill_act_;
+  const Gemms& g = prefill_gemms_for(prefill_rows(T));
+  cache_->begin_prefill(a.block_tables, start, T, stream_);
+  ops::embedding_gather({a.tokens, T, weights_.embed(), c.vocab_size, c.hidden_size, a.x, act_->flags}, stream_);
+  for (int l = 0; l < c.num_hidden_layers; ++l) enqueue_prefill_layer(l, start, T, g);
+  const size_t last = size_t(T - 1) * c.hidden_size;
+  ops::add_rms_norm({a.x + last, a.delta + last, weights_.final_norm(), act_->h, 1, c.hidden_size,
+                     float(c.rms_norm_eps)},
+                    stream_);
+  gemms_for(1)[StepGemmKind::lm_head].run(act_->h, weights_.lm_head(), act_->logits, stream_);
+}
+
+void GpuModel::prefill(const std::vector<int32_t>& tokens, int start, const std::vector<int32_t>& block_row) {
+  require(prefill_attention_ != nullptr, "GpuModel::prefill: the model was built without prefill_chunk");
+  const long long end = (long long)start + (long long)tokens.size();
+  require(!tokens.empty() && start >= 0 && end <= options_.max_context,
+          "GpuModel::prefill: tokens [" + std::to_string(start) + ", " + std::to_string(end) + ") outside [0, " +
+              std::to_string(options_.max_context) + "] (max_context), or none");
+  require(block_row.size() == size_t(max_pages()),
+          "GpuModel::prefill: the block row must have max_pages = " + std::to_string(max_pages()) + " entries");
+  for (int p = 0; p < pages_for(end); ++p) {
+    if (block_row[size_t(p)] < 0 || block_row[size_t(p)] >= num_blocks())
+      throw Error("GpuModel::prefill: block " + std::to_string(block_row[size_t(p)]) + " outside the cache's " +
+                  std::to_string(num_blocks()) + " blocks");
+  }
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= config().vocab_size)
+      throw Error("GpuModel::prefill: token " + std::to_string(t) + " outside the vocabulary");
+  }
+  gemms_for(1);  // the LM head's plan, made outside any capture
+  Activations& a = *prefill_act_;
+  auto h2d = [this](void* dst, const void* src, size_t bytes) {
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "GpuModel: prefill upload");
+  };
+  h2d(a.block_tables, block_row.data(), block_row.size() * sizeof(int32_t));
+  const int chunk = options_.prefill_chunk;
+  std::vector<int32_t> positions(static_cast<size_t>(chunk));
+  for (long long c0 = start; c0 < end; c0 += chunk) {
+    const int T = int(std::min<long long>(chunk, end - c0));
+    std::iota(positions.begin(), positions.begin() + T, int32_t(c0));
+    // Pageable sources: each copy returns once its bytes are staged, so the vectors may change.
+    h2d(a.tokens, tokens.data() + (c0 - start), size_t(T) * sizeof(int32_t));
+    h2d(a.positions, positions.data(), size_t(T) * sizeof(int32_t));
+    enqueue_prefill_chunk(int(c0), T);
+  }
+  last_batch_ = 1;
+  last_replayed_ = false;
 }
 
 // Every step that is read back: the ops' and the cache's sticky flags (step_plan.h) in one

@@ -11,9 +11,12 @@
 // synchronizes and checks the step's device error flags (ops and cache), throwing
 // fp4kv::Error naming what went wrong.
 //
-// Prefill: a prompt is fed as decode steps, one token per step per request (the semantics
-// of the CPU eval and generator: every query position attends as a decode step over the
-// quantized pages and BF16 sink/recent rows its cache holds at that moment).
+// Prefill, two ways: (1) as decode steps, one token per step per request (the semantics of
+// the CPU eval and generator: every query position attends as a decode step over the
+// quantized pages and BF16 sink/recent rows its cache holds at that moment); (2) prefill():
+// chunks of up to options().prefill_chunk tokens of one request through the same layers with
+// M-row GEMMs and the tensor-core prefill attention (each chunk attends to the cached prefix
+// and, causally in BF16, to itself: ref/prefill_attention.h), what serving uses.
 //
 // Invariants: one GpuModel per device and recipe; the weights outlive it; a request is its
 // block-table row (block_tables[r][0] names it in the cache, kv_cache.h).
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "fp4kv/attention/decode.h"
+#include "fp4kv/attention/prefill.h"
 #include "fp4kv/cache/kv_cache.h"
 #include "fp4kv/core/recipe.h"
 #include "fp4kv/core/sampling_rule.h"
@@ -68,6 +72,9 @@ struct GpuModelOptions {
   // default: a choice made by timing can differ between runs, and with it the last bits of
   // the logits (so a greedy near-tie); the benchmarks turn it on.
   bool tune_gemms = false;
+  // Tokens per chunk of the tensor-core prefill (prefill(); attention/prefill.h), 0: none
+  // (prompts then go through step(), one token per step, as the eval's semantics need).
+  int prefill_chunk = 0;
 };
 
 // One step's rows, host side. Row r feeds tokens[r] at position seq_lens[r] - 1 of the
@@ -119,6 +126,12 @@ class GpuModel {
   // Enqueues one step (asynchronous). Throws fp4kv::Error for a bad row (token, length,
   // block id) the host can see.
   void step(const StepRows& rows);
+  // Prompt tokens [start, start + tokens.size()) of the request whose block table row is
+  // `block_row` (max_pages() entries, covering every page up to the last token) through the
+  // tensor-core prefill, in chunks of options().prefill_chunk; the last token's logits become
+  // the last step's (batch 1: read_logits, sample). Asynchronous. Throws fp4kv::Error without
+  // prefill_chunk or for a bad token, length or block id.
+  void prefill(const std::vector<int32_t>& tokens, int start, const std::vector<int32_t>& block_row);
   // The last step's logits [batch][vocab] (synchronizes, checks the error flags).
   std::vector<float> read_logits() const;
   // Draws one token per row of the last step with params[r] (synchronizes, checks flags).
@@ -162,8 +175,12 @@ class GpuModel {
   void upload(const StepRows& rows);
   void enqueue_step(int batch);
   void enqueue_layer(int layer, int batch, const Gemms& g);
-  void enqueue_moe(const GpuLayerWeights& w, int batch, const Gemms& g);
+  void enqueue_mlp(const GpuLayerWeights& w, Activations& a, int rows, const Gemms& g);
+  void enqueue_moe(const GpuLayerWeights& w, Activations& a, int rows, const Gemms& g);
+  void enqueue_prefill_chunk(int start, int tokens);
+  void enqueue_prefill_layer(int layer, int start, int tokens, const Gemms& g);
   Gemms& gemms_for(int batch);
+  Gemms& prefill_gemms_for(int rows);
   struct TuningOperands {
     const __nv_bfloat16* x;
     void* y;
@@ -181,6 +198,9 @@ class GpuModel {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cache::KvCache> cache_;
   std::unique_ptr<attention::DecodeAttention> attention_;
+  std::unique_ptr<attention::PrefillAttention> prefill_attention_;  // with prefill_chunk
+  std::unique_ptr<Activations> prefill_act_;                        // rows: prefill_chunk rounded up
+  std::map<int, std::unique_ptr<Gemms>> prefill_gemms_;             // untuned plans per row count
   std::unique_ptr<ops::Sampler> sampler_;
   std::unique_ptr<Activations> act_;
   std::unique_ptr<Staging> staging_;

@@ -32,16 +32,13 @@ struct HeadIo {
   const __nv_bfloat16* weight;
   const __nv_bfloat16* cos_row;  // null: position out of range (outputs zero)
   const __nv_bfloat16* sin_row;
-  __nv_bfloat16* out_bf16;  // one of the two outputs is set
+  __nv_bfloat16* out_bf16;  // either output may be null (the value is BF16-exact: both agree)
   float* out_f32;
 };
 
 __device__ void store(const HeadIo& io, int i, float value) {
-  if (io.out_bf16 != nullptr) {
-    io.out_bf16[i] = __float2bfloat16_rn(value);
-  } else {
-    io.out_f32[i] = value;
-  }
+  if (io.out_bf16 != nullptr) io.out_bf16[i] = __float2bfloat16_rn(value);
+  if (io.out_f32 != nullptr) io.out_f32[i] = value;
 }
 
 __device__ void norm_rope_head(const HeadIo& io, int head_dim, float eps) {
@@ -76,8 +73,10 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRope
   const int t = int(job / heads), j = int(job % heads), lane = threadIdx.x % 32, d = a.head_dim;
   const __nv_bfloat16* x = a.qkv + (size_t(t) * heads + j) * d;
   if (j >= a.q_heads + a.kv_heads) {  // v: a copy
-    float* dst = a.v + (size_t(t) * a.kv_heads + (j - a.q_heads - a.kv_heads)) * d;
-    for (int i = lane; i < d; i += 32) dst[i] = __bfloat162float(x[i]);
+    const size_t row = (size_t(t) * a.kv_heads + (j - a.q_heads - a.kv_heads)) * d;
+    for (int i = lane; i < d; i += 32) a.v[row + i] = __bfloat162float(x[i]);
+    if (a.v_bf16)
+      for (int i = lane; i < d; i += 32) a.v_bf16[row + i] = x[i];
     return;
   }
   const int pos = a.positions[t];
@@ -91,7 +90,9 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRope
     io.out_bf16 = a.q + (size_t(t) * a.q_heads + j) * d;
   } else {
     io.weight = a.k_norm;
-    io.out_f32 = a.k + (size_t(t) * a.kv_heads + (j - a.q_heads)) * d;
+    const size_t row = (size_t(t) * a.kv_heads + (j - a.q_heads)) * d;
+    io.out_f32 = a.k + row;
+    io.out_bf16 = a.k_bf16 ? a.k_bf16 + row : nullptr;
   }
   norm_rope_head(io, d, a.eps);
 }

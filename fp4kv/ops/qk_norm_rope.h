@@ -5,6 +5,7 @@
 //   q: BF16  [tokens][q_heads][head_dim]   (DecodeAttention::run's query, one row per token)
 //   k: float [tokens][kv_heads][head_dim]  (KvCache::prefill/append take float32 post-RoPE
 //   v: float [tokens][kv_heads][head_dim]   keys and values; the values are BF16-exact)
+//   k_bf16, v_bf16 (optional): the same values in BF16 (PrefillAttention::run's own K/V)
 //
 // Rounding points per head (bf16(.) = round to nearest even; FP32 otherwise), transformers
 // on a BF16 model: the norm exactly as rms_norm.h (ss over head_dim, r, h_i = bf16(x_i r),
@@ -55,6 +56,10 @@ struct QkNormRopeArgs {
   float* k = nullptr;                       // device [tokens][kv_heads][head_dim]
   float* v = nullptr;                       // device [tokens][kv_heads][head_dim]
   int32_t* error_flags = nullptr;           // device [1], sticky
+  // Optional BF16 copies of k and v (the prefill attention's own keys and values; both are
+  // BF16-exact, so the copies equal k and v), or null.
+  __nv_bfloat16* k_bf16 = nullptr;          // device [tokens][kv_heads][head_dim]
+  __nv_bfloat16* v_bf16 = nullptr;
 };
 
 // Throws fp4kv::Error naming the bad argument before launching.

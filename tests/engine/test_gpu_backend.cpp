@@ -30,19 +30,20 @@ const GpuWeights& pk8l() {
   return w;
 }
 
-GpuModelOptions options(int max_batch, int num_blocks) {
+GpuModelOptions options(int max_batch, int num_blocks, int prefill_chunk = 0) {
   GpuModelOptions o;
   o.max_batch = max_batch;
   o.max_context = 1024;
   o.num_blocks = num_blocks;
   o.tune_gemms = false;
+  o.prefill_chunk = prefill_chunk;
   return o;
 }
 
 TextCodec codec() { return TextCodec{[](std::string_view t) { return model::encode_bytes(t); }, model::decode_bytes}; }
 
-std::vector<int> alone(const std::vector<int>& prompt, const RequestParams& p) {
-  GpuModel model(pk8l(), parse_recipe("nvfp4"), nullptr, options(1, 8));
+std::vector<int> alone(const std::vector<int>& prompt, const RequestParams& p, int prefill_chunk = 0) {
+  GpuModel model(pk8l(), parse_recipe("nvfp4"), nullptr, options(1, 8, prefill_chunk));
   GenerateOptions o;
   o.max_tokens = p.max_tokens;
   o.sampling = p.sampling;
@@ -78,9 +79,13 @@ SchedulerConfig config(int max_batch, int blocks) {
 
 // Also: log-probabilities come with the GPU-drawn tokens (greedy: each token is its own top
 // alternative).
-TEST(GpuBackend, OneRequestMatchesTheGpuGenerator) {
+// With the tensor-core prefill on both sides (the prompt is one chunk either way) and without.
+class GpuBackendPrefill : public ::testing::TestWithParam<int> {};
+
+TEST_P(GpuBackendPrefill, OneRequestMatchesTheGpuGenerator) {
   SKIP_WITHOUT_GPU();
-  GpuModel model(pk8l(), parse_recipe("nvfp4"), nullptr, options(4, 32));
+  const int prefill_chunk = GetParam();
+  GpuModel model(pk8l(), parse_recipe("nvfp4"), nullptr, options(4, 32, prefill_chunk));
   Engine e(std::make_unique<GpuBackend>(model), config(4, 32), codec());
   RequestParams p;
   p.max_tokens = 40;
@@ -91,7 +96,7 @@ TEST(GpuBackend, OneRequestMatchesTheGpuGenerator) {
   const uint64_t id = e.submit(prompt, p);
   e.run_until_idle();
   const Drained d = drain_all(e, id);
-  EXPECT_EQ(d.tokens, alone(prompt, p));
+  EXPECT_EQ(d.tokens, alone(prompt, p, prefill_chunk));
   ASSERT_EQ(d.logprobs.size(), d.tokens.size());
   for (size_t i = 0; i < d.tokens.size(); ++i) {
     ASSERT_EQ(d.logprobs[i].top.size(), 2u);
@@ -102,6 +107,11 @@ TEST(GpuBackend, OneRequestMatchesTheGpuGenerator) {
   }
   e.check_blocks();
 }
+
+INSTANTIATE_TEST_SUITE_P(DecodeStepsOrChunks, GpuBackendPrefill, ::testing::Values(0, 64),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return i.param ? "prefill_chunk_" + std::to_string(i.param) : std::string("decode_steps");
+                         });
 
 TEST(GpuBackend, ManyRequestsWithPreemptionAllCompleteWithTheirOwnTokens) {
   SKIP_WITHOUT_GPU();

@@ -212,6 +212,96 @@ TEST(GpuModel, BadStepsAreClearErrors) {
   EXPECT_THROW(generate_on_gpu(model, {}, o, [](int) {}), Error);
 }
 
+// The tensor-core prefill (GpuModel::prefill): the last token's logits of prompts cut at
+// page edges and inside pages, in chunks of 128 and of 48 (so the prefix is read from the
+// cache's pages and slot rows by later chunks), against transformers' float32 logits at that
+// position, with the file's bounds; every preset, since the prefix is read in its format.
+TEST(GpuModel, PrefillLastLogitsMatchTransformersFloat32) {
+  SKIP_WITHOUT_GPU();
+  const model::Qwen3Model cpu = model::Qwen3Model::load(pk8l_dir());
+  const eval::Calibration cal = eval::Calibration::load(pk8l_dir() + "/" + eval::kCalibrationFile, cpu.config());
+  const GpuWeights w = GpuWeights::load(pk8l_dir());
+  const Reference ref = reference();
+  const int vocab = w.config().vocab_size;
+  for (const char* preset : {"bf16", "nvfp4", "mxfp4", "fp8", "nvfp4-native"}) {
+    for (int chunk : {128, 48}) {
+      GpuModelOptions o = small_options(1, 512);
+      o.prefill_chunk = chunk;
+      GpuModel model(w, parse_recipe(preset), cal.mu_k.data(), o);
+      const std::vector<int32_t> row = consecutive_rows(1, model.max_pages()).block_tables;
+      std::vector<float> want, got;
+      for (int n : {1, 17, 128, 129, 200, 256}) {
+        model.prefill(std::vector<int32_t>(ref.tokens.begin(), ref.tokens.begin() + n), 0, row);
+        const std::vector<float> logits = model.read_logits();
+        got.insert(got.end(), logits.begin(), logits.end());
+        want.insert(want.end(), ref.logits.begin() + size_t(n - 1) * vocab, ref.logits.begin() + size_t(n) * vocab);
+        model.release(row[0]);
+      }
+      const Agreement a = compare(want, got, 6, vocab);
+      std::printf("pk8l %s prefill in chunks of %d vs transformers fp32: mean KL %.3g, top-1 %.3f\n", preset, chunk,
+                  a.mean_kl, a.top1);
+      EXPECT_LT(a.mean_kl, 5e-3) << preset << " chunk " << chunk;
+      EXPECT_GE(a.top1, 5.0 / 6.0) << preset << " chunk " << chunk;
+    }
+  }
+}
+
+// Decode steps continue a prefilled prompt: tokens 200..255 forced through step() after a
+// prefill of the first 200, against transformers' logits at those positions.
+TEST(GpuModel, DecodeStepsContinueAPrefill) {
+  SKIP_WITHOUT_GPU();
+  const model::Qwen3Model cpu = model::Qwen3Model::load(pk8l_dir());
+  const eval::Calibration cal = eval::Calibration::load(pk8l_dir() + "/" + eval::kCalibrationFile, cpu.config());
+  const GpuWeights w = GpuWeights::load(pk8l_dir());
+  const Reference ref = reference();
+  const int vocab = w.config().vocab_size, first = 200, n = int(ref.tokens.size());
+  GpuModelOptions o = small_options(1, 512);
+  o.prefill_chunk = 128;
+  GpuModel model(w, parse_recipe("nvfp4"), cal.mu_k.data(), o);
+  StepRows rows = consecutive_rows(1, model.max_pages());
+  model.prefill(std::vector<int32_t>(ref.tokens.begin(), ref.tokens.begin() + first), 0, rows.block_tables);
+  std::vector<float> got = model.read_logits();
+  for (int t = first; t + 1 < n; ++t) {
+    rows.tokens[0] = ref.tokens[size_t(t)];
+    rows.seq_lens[0] = t + 1;
+    model.step(rows);
+    const std::vector<float> logits = model.read_logits();
+    got.insert(got.end(), logits.begin(), logits.end());
+  }
+  const std::vector<float> want(ref.logits.begin() + size_t(first - 1) * vocab, ref.logits.begin() + size_t(n - 1) * vocab);
+  const Agreement a = compare(want, got, n - first, vocab);
+  std::printf("pk8l nvfp4 prefill of %d, then %d decode steps, vs transformers fp32: mean KL %.3g, top-1 %.3f\n",
+              first, n - 1 - first, a.mean_kl, a.top1);
+  EXPECT_LT(a.mean_kl, 5e-3);
+  EXPECT_GE(a.top1, 0.95);
+}
+
+TEST(GpuModel, BadPrefillsAreClearErrors) {
+  SKIP_WITHOUT_GPU();
+  const GpuWeights w = GpuWeights::load(pk8l_dir());
+  GpuModel plain(w, parse_recipe("nvfp4"), nullptr, small_options(1, 256));
+  EXPECT_THROW(plain.prefill({1, 2}, 0, {0, 1}), Error);  // built without prefill_chunk
+  GpuModelOptions o = small_options(1, 256);
+  o.prefill_chunk = 64;
+  GpuModel model(w, parse_recipe("nvfp4"), nullptr, o);
+  auto message_of = [&](const std::vector<int32_t>& tokens, int start, const std::vector<int32_t>& row) -> std::string {
+    try {
+      model.prefill(tokens, start, row);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message_of({264}, 0, {0, 1}).find("outside the vocabulary"), std::string::npos);
+  EXPECT_NE(message_of({1}, 256, {0, 1}).find("max_context"), std::string::npos);
+  EXPECT_NE(message_of({}, 0, {0, 1}).find("none"), std::string::npos);
+  EXPECT_NE(message_of({1}, 0, {2, 1}).find("outside the cache"), std::string::npos);
+  EXPECT_NE(message_of({1}, 0, {0}).find("max_pages"), std::string::npos);
+  GpuModelOptions too_big = small_options(1, 256);
+  too_big.prefill_chunk = 1 << 20;
+  EXPECT_THROW(GpuModel(w, parse_recipe("nvfp4"), nullptr, too_big), Error);
+}
+
 // A small Qwen3-MoE checkpoint (BF16 tensors, so both sides read the same weights): layer 0
 // sparse, layer 1 dense (mlp_only_layers). With every expert chosen (top_k = experts) no
 // routing decision can flip between the engine's BF16 router logits and the runner's float32

@@ -117,10 +117,18 @@ TEST(OpsGpu, QkNormRopeMatchesTwin) {
     a.k = d_k.get();
     a.v = d_v.get();
     a.error_flags = d_flags.get();
+    DeviceBuffer<uint16_t> d_kb(want.k.size()), d_vb(want.v.size());  // the prefill's BF16 copies
+    a.k_bf16 = as_bf16(d_kb);
+    a.v_bf16 = as_bf16(d_vb);
     qk_norm_rope(a, nullptr);
     const auto q = d_q.download();
     const auto k = d_k.download();
     EXPECT_EQ(d_v.download(), want.v);
+    const auto kb = d_kb.download(), vb = d_vb.download();
+    for (size_t i = 0; i < k.size(); ++i) {
+      ASSERT_EQ(bf16_bits_to_float(kb[i]), k[i]) << "k copy " << i;  // k is BF16-exact
+      ASSERT_EQ(bf16_bits_to_float(vb[i]), want.v[i]) << "v copy " << i;
+    }
     EXPECT_EQ(d_flags.download()[0], 0);
     // Per head: within 4 BF16 ulps of the head's largest |value| (qk_norm_rope.h).
     auto check = [&](const std::vector<float>& got, const std::vector<float>& ref, const char* what) {
