@@ -235,7 +235,7 @@ int round_up(int x, int m) { return (x + m - 1) / m * m; }
 PrefillAttention::PrefillAttention(const cache::KvCache& cache, const PrefillConfig& config)
     : cache_(cache), config_(config) {
   const cache::KvCacheConfig& c = cache.config();
-  require(c.head_dim == 64 || c.head_dim == 128,
+  require(supports_head_dim(c.head_dim),
           "PrefillAttention: head_dim " + std::to_string(c.head_dim) + " (the prefill kernel supports 64 and 128)");
   require(config.q_heads >= c.kv_heads && config.q_heads % c.kv_heads == 0,
           "PrefillAttention: q_heads " + std::to_string(config.q_heads) + " is not a multiple of the cache's " +

@@ -35,6 +35,8 @@ class PrefillAttention {
   // Validates the geometry against the cache (head_dim 64 or 128, q_heads a multiple of
   // kv_heads) and allocates the workspace. Throws fp4kv::Error naming the bad value.
   PrefillAttention(const cache::KvCache& cache, const PrefillConfig& config);
+  // Whether the prefill kernel has a variant for this head size (64, 128).
+  static bool supports_head_dim(int head_dim) { return head_dim == 64 || head_dim == 128; }
   ~PrefillAttention();
   PrefillAttention(const PrefillAttention&) = delete;
   PrefillAttention& operator=(const PrefillAttention&) = delete;
