@@ -46,7 +46,7 @@ tests)
   timeout 60 $E/fp4kv generate --prompt 'The cat sat on the' --max-tokens 64 2>&1 | tail -2
   ;;
 e2e)
-  timeout 560 $E/fp4kv bench e2e --model qwen3-4b:random --json "$OUT"/e2e.json --markdown "$OUT"/e2e.md \
+  timeout 560 $E/fp4kv bench e2e --model qwen3-4b:random --json "$OUT"/e2e.json --markdown "$OUT"/e2e.md --svg "$OUT"/e2e.svg \
     > "$OUT"/e2e.log 2>&1; echo "e2e rc=$?"; tail -60 "$OUT"/e2e.log
   ;;
 step)
@@ -65,7 +65,7 @@ moe-check|moe)
     --batches 1,8 --json "$OUT"/moe_step.json --markdown "$OUT"/moe_step.md > "$OUT"/moe_step.log 2>&1
   echo "moe step rc=$?"; cat "$OUT"/moe_step.log
   timeout 300 $E/fp4kv bench e2e --model qwen3-30b-a3b:random --parts tpot,throughput --tpot-contexts 131072 \
-    --throughput-context 131072 --json "$OUT"/moe_e2e.json --markdown "$OUT"/moe_e2e.md > "$OUT"/moe_e2e.log 2>&1
+    --throughput-context 131072 --json "$OUT"/moe_e2e.json --markdown "$OUT"/moe_e2e.md --svg "$OUT"/moe_e2e.svg > "$OUT"/moe_e2e.log 2>&1
   echo "moe e2e rc=$?"; tail -30 "$OUT"/moe_e2e.log
   ;;
 python)

@@ -4,6 +4,8 @@
 // (SDPA's speedup over our bf16 kernel).
 #include "bench/report.h"
 
+#include "bench/report_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,29 +19,12 @@ namespace fp4kv::bench {
 namespace {
 
 using nlohmann::json;
-
-const json& field(const json& obj, const char* key, const std::string& where) {
-  require(obj.contains(key), where + ": missing field \"" + key + "\"");
-  return obj.at(key);
-}
-
-std::string string_field(const json& obj, const char* key, const std::string& where) {
-  const json& v = field(obj, key, where);
-  require(v.is_string(), where + ": field \"" + key + "\" must be a string, got " + v.dump());
-  return v.get<std::string>();
-}
-
-double number_field(const json& obj, const char* key, const std::string& where) {
-  const json& v = field(obj, key, where);
-  require(v.is_number(), where + ": field \"" + key + "\" must be a number, got " + v.dump());
-  return v.get<double>();
-}
-
-int int_field(const json& obj, const char* key, const std::string& where) {
-  const json& v = field(obj, key, where);
-  require(v.is_number_integer(), where + ": field \"" + key + "\" must be an integer, got " + v.dump());
-  return v.get<int>();
-}
+using detail::field;
+using detail::fmt;
+using detail::int_field;
+using detail::number_field;
+using detail::string_field;
+using detail::xml_text;
 
 SweepPoint parse_point(const json& e, const std::string& where) {
   require(e.is_object(), where + ": must be an object, got " + e.dump());
@@ -66,27 +51,6 @@ SweepPoint parse_point(const json& e, const std::string& where) {
   return p;
 }
 
-std::string fmt(const char* f, double x) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, x);
-  return b;
-}
-
-// Text inside an SVG element or attribute: the characters XML reserves, escaped.
-std::string xml_text(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
 // The distinct values of `key` over `points`, in order of first appearance.
 template <class T, class Key>
 std::vector<T> distinct(const std::vector<SweepPoint>& points, Key key) {
@@ -101,13 +65,7 @@ std::string context_label(int c) { return c % 1024 == 0 ? std::to_string(c / 102
 }  // namespace
 
 Sweep parse_sweep(std::string_view json_text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    throw Error(source + ": not valid JSON: " + e.what());
-  }
-  require(j.is_object(), source + ": the sweep must be a JSON object");
+  const json j = detail::parse_object(json_text, source, "the sweep");
   Sweep s;
   s.date = string_field(j, "date", source);
   s.device = string_field(j, "device", source);
@@ -235,9 +193,8 @@ namespace {
 // Geometry of the plot, in SVG pixels.
 constexpr int kPanelW = 260, kPanelH = 200, kMarginLeft = 50, kMarginTop = 40, kGap = 30;
 constexpr int kLegendW = 150, kPanelTitleH = 20;
-constexpr const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                   "#8c564b", "#e377c2", "#7f7f7f", "#17becf"};
-constexpr size_t kNumColors = sizeof kColors / sizeof kColors[0];
+constexpr const auto& kColors = detail::kSeriesColors;
+constexpr size_t kNumColors = detail::kNumSeriesColors;
 const std::string kSdpaLine = "sdpa";  // the series of PyTorch SDPA's speedup over our bf16
 
 // What the plot shows: the axes' values in sweep order and the series.

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/e2e_plot.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/output_file.h"
 #include "fp4kv/core/recipe.h"
@@ -56,7 +57,7 @@ struct E2eArgs {
   std::string tpot_contexts = "32768,65536,131072,262144", tpot_batches = "1,8", concurrency = "1,8,16,32,64";
   int throughput_context = 65536, output_tokens = 256, runs = 20;
   double gpu_memory_utilization = 0.9;
-  std::string json = "bench_e2e.json", markdown = "bench_e2e.md";
+  std::string json = "bench_e2e.json", markdown = "bench_e2e.md", svg = "bench_e2e.svg";
 };
 
 struct Run {
@@ -284,6 +285,7 @@ void capacity_part(Run& run, const E2eArgs& A) {
 int run_bench_e2e(const E2eArgs& A) {
   check_output_writable(A.json, "--json");
   check_output_writable(A.markdown, "--markdown");
+  if (!A.svg.empty()) check_output_writable(A.svg, "--svg");
   const std::vector<std::string> parts = split_csv(A.parts);
   auto wants = [&](const char* p) { return std::find(parts.begin(), parts.end(), p) != parts.end(); };
   for (const std::string& p : parts)
@@ -307,6 +309,10 @@ int run_bench_e2e(const E2eArgs& A) {
   write_output_file(A.json, run.j.dump(1) + "\n", "--json");
   write_output_file(A.markdown, run.md, "--markdown");
   std::printf("wrote %s, %s\n", A.json.c_str(), A.markdown.c_str());
+  if (!A.svg.empty() && (wants("tpot") || wants("throughput"))) {
+    write_output_file(A.svg, bench::e2e_svg(bench::parse_e2e(run.j.dump(), A.json)), "--svg");
+    std::printf("wrote %s\n", A.svg.c_str());
+  }
   return 0;
 }
 
@@ -334,6 +340,7 @@ Action add_bench_e2e(CLI::App& bench) {
   cmd->add_option("--runs", a->runs, "timed steps per TPOT point (median)")->capture_default_str()->check(CLI::Range(1, 10000));
   cmd->add_option("--json", a->json, "JSON output")->capture_default_str();
   cmd->add_option("--markdown", a->markdown, "markdown output")->capture_default_str();
+  cmd->add_option("--svg", a->svg, "SVG plot of TPOT and throughput (empty: none)")->capture_default_str();
   return [a, cmd] { return cmd->parsed() ? run_bench_e2e(*a) : 1; };
 }
 
