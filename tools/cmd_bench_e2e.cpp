@@ -32,6 +32,7 @@
 #include "fp4kv/engine/gpu_model.h"
 #include "fp4kv/engine/gpu_weights.h"
 #include "fp4kv/testing/bench_support.h"
+#include "tools/bench_output.h"
 #include "tools/commands.h"
 #include "tools/csv_args.h"
 #include "tools/step_timing.h"
@@ -306,9 +307,7 @@ int run_bench_e2e(const E2eArgs& A) {
   if (wants("overhead")) overhead_part(run, A);
   if (wants("capacity")) capacity_part(run, A);
   if (wants("throughput")) throughput_part(run, A);
-  write_output_file(A.json, run.j.dump(1) + "\n", "--json");
-  write_output_file(A.markdown, run.md, "--markdown");
-  std::printf("wrote %s, %s\n", A.json.c_str(), A.markdown.c_str());
+  write_json_and_markdown(A.json, run.j, A.markdown, run.md);
   if (!A.svg.empty() && (wants("tpot") || wants("throughput"))) {
     write_output_file(A.svg, bench::e2e_svg(bench::parse_e2e(run.j.dump(), A.json)), "--svg");
     std::printf("wrote %s\n", A.svg.c_str());

@@ -21,6 +21,7 @@
 #include "fp4kv/ops/gemv.h"
 #include "fp4kv/testing/bench_support.h"
 #include "fp4kv/testing/cuda_testing.h"
+#include "tools/bench_output.h"
 #include "tools/commands.h"
 #include "tools/csv_args.h"
 
@@ -130,9 +131,7 @@ int run_bench_gemm(const GemmBenchArgs& A) {
                           {"tuned_us", step_tuned}, {"x_floor", step_tuned / floor_of(m)}});
     std::fflush(stdout);
   }
-  write_output_file(A.json, j.dump(1) + "\n", "--json");
-  write_output_file(A.markdown, md, "--markdown");
-  std::printf("wrote %s, %s\n", A.json.c_str(), A.markdown.c_str());
+  write_json_and_markdown(A.json, j, A.markdown, md);
   return 0;
 }
 

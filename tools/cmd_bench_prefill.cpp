@@ -22,6 +22,7 @@
 #include "fp4kv/core/recipe.h"
 #include "fp4kv/testing/bench_support.h"
 #include "fp4kv/testing/cuda_testing.h"
+#include "tools/bench_output.h"
 #include "tools/commands.h"
 #include "tools/csv_args.h"
 
@@ -132,9 +133,7 @@ int run_bench_prefill(const PrefillBenchArgs& A) {
       std::fflush(stdout);
     }
   }
-  write_output_file(A.json, j.dump(1) + "\n", "--json");
-  write_output_file(A.markdown, md, "--markdown");
-  std::printf("wrote %s, %s\n", A.json.c_str(), A.markdown.c_str());
+  write_json_and_markdown(A.json, j, A.markdown, md);
   return 0;
 }
 

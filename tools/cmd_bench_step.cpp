@@ -22,6 +22,7 @@
 #include "fp4kv/engine/gpu_model.h"
 #include "fp4kv/engine/gpu_weights.h"
 #include "fp4kv/testing/bench_support.h"
+#include "tools/bench_output.h"
 #include "tools/commands.h"
 #include "tools/csv_args.h"
 #include "tools/step_timing.h"
@@ -125,9 +126,7 @@ int run_bench_step(const StepBenchArgs& A) {
         md += line;
         j["points"].push_back(e);
       }
-  write_output_file(A.json, j.dump(1) + "\n", "--json");
-  write_output_file(A.markdown, md, "--markdown");
-  std::printf("wrote %s, %s\n", A.json.c_str(), A.markdown.c_str());
+  write_json_and_markdown(A.json, j, A.markdown, md);
   return 0;
 }
 

@@ -84,31 +84,19 @@ struct GatherArgs {
   uint32_t* mask = nullptr;         // [kv_heads][row_stride_heads / 32]
 };
 
-// The stored value of key / value element (t, c) of a page as a float (exact in BF16).
-template <KvFormat F>
-__device__ __forceinline__ float page_key(const uint8_t* page, const cache::PageLayout& l, int t, int c) {
+// The stored value of key (kKey) or value element (t, c) of a page as a float (exact in BF16).
+template <KvFormat F, bool kKey>
+__device__ __forceinline__ float page_element(const uint8_t* page, const cache::PageLayout& l, int t, int c) {
   if constexpr (F == KvFormat::nvfp4 || F == KvFormat::mxfp4) {
-    const cache::NibbleAddress n = cache::k_code_address(l, t, c);
+    const cache::NibbleAddress n = kKey ? cache::k_code_address(l, t, c) : cache::v_code_address(l, t, c);
     const uint8_t code = unpack_e2m1(page[n.byte], n.nibble);
-    const uint8_t scale = page[cache::k_scale_offset(l, t, c)];
+    const uint8_t scale = page[kKey ? cache::k_scale_offset(l, t, c) : cache::v_scale_offset(l, t, c)];
     return F == KvFormat::nvfp4 ? e2m1_value(code) * e4m3_value(scale) : mxfp4_value(code, scale);
   } else if constexpr (F == KvFormat::fp8) {
-    return e4m3_value(page[cache::k_fp8_offset(l, t, c)]);
+    return e4m3_value(page[kKey ? cache::k_fp8_offset(l, t, c) : cache::v_fp8_offset(l, t, c)]);
   } else {
-    return __uint_as_float(uint32_t(*reinterpret_cast<const uint16_t*>(page + cache::bf16_k_offset(l, t, c))) << 16);
-  }
-}
-template <KvFormat F>
-__device__ __forceinline__ float page_value(const uint8_t* page, const cache::PageLayout& l, int t, int c) {
-  if constexpr (F == KvFormat::nvfp4 || F == KvFormat::mxfp4) {
-    const cache::NibbleAddress n = cache::v_code_address(l, t, c);
-    const uint8_t code = unpack_e2m1(page[n.byte], n.nibble);
-    const uint8_t scale = page[cache::v_scale_offset(l, t, c)];
-    return F == KvFormat::nvfp4 ? e2m1_value(code) * e4m3_value(scale) : mxfp4_value(code, scale);
-  } else if constexpr (F == KvFormat::fp8) {
-    return e4m3_value(page[cache::v_fp8_offset(l, t, c)]);
-  } else {
-    return __uint_as_float(uint32_t(*reinterpret_cast<const uint16_t*>(page + cache::bf16_v_offset(l, t, c))) << 16);
+    const int offset = kKey ? cache::bf16_k_offset(l, t, c) : cache::bf16_v_offset(l, t, c);
+    return __uint_as_float(uint32_t(*reinterpret_cast<const uint16_t*>(page + offset)) << 16);
   }
 }
 // The page's K and V factors (NVFP4: the global scales; FP8: the slice scales; else 1).
@@ -143,8 +131,8 @@ __global__ void prefill_gather_kernel(const GatherArgs a) {
       const uint8_t* page = a.pool + a.block_row[p] * a.block_stride + static_cast<long long>(g) * a.layout.bytes;
       const bool last = p == a.prefix.quant_pages - 1;
       valid = (!last || t < a.prefix.last_page_tokens) && !(p == 0 && t < a.prefix.masked_prefix);
-      kv = page_key<F>(page, a.layout, t, c);
-      vv = page_value<F>(page, a.layout, t, c);
+      kv = page_element<F, true>(page, a.layout, t, c);
+      vv = page_element<F, false>(page, a.layout, t, c);
     } else if (a.with_bf16_rows && slot >= 0) {
       const int idx = row - page_rows;
       const int recent = a.prefix.recent_end - a.prefix.recent_begin;
@@ -288,6 +276,19 @@ void launch_flash_for(int d, const detail::FlashArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
+// What both parts' passes share: the chunk's T query rows of q, the heads and the scale.
+detail::FlashArgs PrefillAttention::pass_args(const uint16_t* q, int T) const {
+  const int d = cache_.config().head_dim;
+  detail::FlashArgs fa;
+  fa.q = q;
+  fa.q_row_stride = long(config_.q_heads) * d;
+  fa.T = T;
+  fa.q_heads = config_.q_heads;
+  fa.group = group_;
+  fa.scale_log2 = detail::kLog2e / std::sqrt(float(d));
+  return fa;
+}
+
 void PrefillAttention::transform_queries(int layer, int T, const uint16_t* q, cudaStream_t stream) const {
   const cache::KvCacheConfig& c = cache_.config();
   const Recipe& recipe = cache_.recipe();
@@ -341,9 +342,7 @@ void PrefillAttention::attend_prefix(int layer, const int32_t* block_row, int st
     if (d == 64) detail::launch_gather<64>(cache_.recipe().kv, ga, stream);
     else detail::launch_gather<128>(cache_.recipe().kv, ga, stream);
 
-    detail::FlashArgs fa;
-    fa.q = query_t_;
-    fa.q_row_stride = long(config_.q_heads) * d;
+    detail::FlashArgs fa = pass_args(query_t_, T);
     fa.q_logit_offset = query_offset_;
     fa.k = prefix_k_;
     fa.v = prefix_v_;
@@ -354,11 +353,7 @@ void PrefillAttention::attend_prefix(int layer, const int32_t* block_row, int st
     fa.tile_stride = window_rows_ / detail::kFlashKeys;
     fa.key_mask = key_mask_;
     fa.mask_stride = window_rows_ / 32;
-    fa.T = T;
     fa.n_keys = ga.rows;
-    fa.q_heads = config_.q_heads;
-    fa.group = group_;
-    fa.scale_log2 = detail::kLog2e / std::sqrt(float(d));
     fa.state_o = w > 0 ? state_o_ : nullptr;  // each thread rewrites only what it read: in place
     fa.state_lse = w > 0 ? state_lse_ : nullptr;
     fa.out_o = state_o_;
@@ -386,19 +381,13 @@ void PrefillAttention::run(int layer, const int32_t* block_row, int start, int T
     attend_prefix(layer, block_row, start, T, stream);
   }
   // The chunk's own keys, causally, continuing the prefix's softmax.
-  detail::FlashArgs fa;
-  fa.q = q;
-  fa.q_row_stride = long(config_.q_heads) * d;
+  detail::FlashArgs fa = pass_args(q, T);
   fa.k = k;
   fa.v = v;
   fa.kv_head_stride = d;
   fa.kv_row_stride = long(c.kv_heads) * d;
-  fa.T = T;
   fa.n_keys = T;
-  fa.q_heads = config_.q_heads;
-  fa.group = group_;
   fa.causal = true;
-  fa.scale_log2 = detail::kLog2e / std::sqrt(float(d));
   fa.state_o = start > 0 ? state_o_ : nullptr;
   fa.state_lse = start > 0 ? state_lse_ : nullptr;
   fa.out = out;

@@ -24,6 +24,10 @@
 
 namespace fp4kv::attention {
 
+namespace detail {
+struct FlashArgs;  // prefill_flash.cuh
+}
+
 struct PrefillConfig {
   int q_heads = 0;
   int max_chunk_tokens = 2048;  // T of one run
@@ -51,6 +55,7 @@ class PrefillAttention {
   size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
+  detail::FlashArgs pass_args(const uint16_t* q, int T) const;
   void transform_queries(int layer, int T, const uint16_t* q, cudaStream_t stream) const;
   void attend_prefix(int layer, const int32_t* block_row, int start, int T, cudaStream_t stream) const;
 

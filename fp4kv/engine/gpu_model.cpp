@@ -343,6 +343,31 @@ GpuModel::TuningOperands GpuModel::tuning_operands(StepGemmKind kind) const {
   throw Error("GpuModel: unknown GEMM kind");
 }
 
+// QK-norm + RoPE of `tokens` rows of `a` (its BF16 K/V copies too, where it has them).
+ops::QkNormRopeArgs GpuModel::qk_norm_rope_args(const model::Qwen3Config& c, const GpuLayerWeights& w,
+                                                const Activations& a, int tokens, int32_t* flags) {
+  ops::QkNormRopeArgs r;
+  r.qkv = a.qkv;
+  r.positions = a.positions;
+  r.q_norm = w.q_norm;
+  r.k_norm = w.k_norm;
+  r.rope_cos = a.rope_cos;
+  r.rope_sin = a.rope_sin;
+  r.rope_positions = a.rope_positions;
+  r.tokens = tokens;
+  r.q_heads = c.num_attention_heads;
+  r.kv_heads = c.num_key_value_heads;
+  r.head_dim = c.head_dim;
+  r.eps = float(c.rms_norm_eps);
+  r.q = a.q;
+  r.k = a.k;
+  r.v = a.v;
+  r.k_bf16 = a.k_bf16;
+  r.v_bf16 = a.v_bf16;
+  r.error_flags = flags;
+  return r;
+}
+
 void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
   const model::Qwen3Config& c = config();
   const GpuLayerWeights& w = weights_.layer(l);
@@ -356,24 +381,7 @@ void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
   mark(StepPart::other);
   g[StepGemmKind::qkv].run(a.h, w.wqkv, a.qkv, stream_);
   mark(StepPart::gemm);
-  ops::QkNormRopeArgs r;
-  r.qkv = a.qkv;
-  r.positions = a.positions;
-  r.q_norm = w.q_norm;
-  r.k_norm = w.k_norm;
-  r.rope_cos = a.rope_cos;
-  r.rope_sin = a.rope_sin;
-  r.rope_positions = a.rope_positions;
-  r.tokens = B;
-  r.q_heads = c.num_attention_heads;
-  r.kv_heads = c.num_key_value_heads;
-  r.head_dim = c.head_dim;
-  r.eps = eps;
-  r.q = a.q;
-  r.k = a.k;
-  r.v = a.v;
-  r.error_flags = a.flags;
-  ops::qk_norm_rope(r, stream_);
+  ops::qk_norm_rope(qk_norm_rope_args(c, w, a, B, a.flags), stream_);
   mark(StepPart::other);
   if (cache_updates_) cache_->append(l, a.k, a.v, stream_);
   mark(StepPart::cache);
@@ -560,26 +568,7 @@ void GpuModel::enqueue_prefill_layer(int l, int start, int T, const Gemms& g) {
     ops::add_rms_norm({a.x, a.delta, w.input_norm, a.h, T, c.hidden_size, eps}, stream_);
   }
   g[StepGemmKind::qkv].run(a.h, w.wqkv, a.qkv, stream_);
-  ops::QkNormRopeArgs r;
-  r.qkv = a.qkv;
-  r.positions = a.positions;
-  r.q_norm = w.q_norm;
-  r.k_norm = w.k_norm;
-  r.rope_cos = a.rope_cos;
-  r.rope_sin = a.rope_sin;
-  r.rope_positions = a.rope_positions;
-  r.tokens = T;
-  r.q_heads = c.num_attention_heads;
-  r.kv_heads = c.num_key_value_heads;
-  r.head_dim = c.head_dim;
-  r.eps = eps;
-  r.q = a.q;
-  r.k = a.k;
-  r.v = a.v;
-  r.k_bf16 = a.k_bf16;
-  r.v_bf16 = a.v_bf16;
-  r.error_flags = act_->flags;
-  ops::qk_norm_rope(r, stream_);
+  ops::qk_norm_rope(qk_norm_rope_args(c, w, a, T, act_->flags), stream_);  // with the BF16 K/V copies
   auto bits = [](const __nv_bfloat16* p) { return reinterpret_cast<const uint16_t*>(p); };
   prefill_attention_->run(l, a.block_tables, start, T, bits(a.q), bits(a.k_bf16), bits(a.v_bf16),
                           reinterpret_cast<uint16_t*>(a.attn), nullptr, stream_);

@@ -36,6 +36,7 @@
 #include "fp4kv/core/sampling_rule.h"
 #include "fp4kv/engine/gpu_weights.h"
 #include "fp4kv/ops/gemm.h"
+#include "fp4kv/ops/qk_norm_rope.h"
 #include "fp4kv/ops/sampling.h"
 
 namespace fp4kv::engine {
@@ -178,6 +179,8 @@ class GpuModel {
   void enqueue_mlp(const GpuLayerWeights& w, Activations& a, int rows, const Gemms& g);
   void enqueue_moe(const GpuLayerWeights& w, Activations& a, int rows, const Gemms& g);
   void enqueue_prefill_chunk(int start, int tokens);
+  static ops::QkNormRopeArgs qk_norm_rope_args(const model::Qwen3Config& c, const GpuLayerWeights& w,
+                                               const Activations& a, int tokens, int32_t* flags);
   void enqueue_prefill_layer(int layer, int start, int tokens, const Gemms& g);
   Gemms& gemms_for(int batch);
   Gemms& prefill_gemms_for(int rows);
