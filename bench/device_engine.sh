@@ -61,10 +61,13 @@ moe-check|moe)
   python3 bench/hf_moe_reference.py /tmp/hf-moe > "$OUT"/moe.log 2>&1 && \
     $E/fp4kv check-model --model /tmp/hf-moe >> "$OUT"/moe.log 2>&1; echo "check-model rc=$?"; tail -12 "$OUT"/moe.log
   [ "$WHAT" = moe-check ] && exit 0
-  timeout 200 $E/fp4kv bench step --model qwen3-30b-a3b:random --presets bf16,nvfp4 --contexts 4096,131072 \
-    --batches 1,8 --json "$OUT"/moe_step.json --markdown "$OUT"/moe_step.md > "$OUT"/moe_step.log 2>&1
-  echo "moe step rc=$?"; cat "$OUT"/moe_step.log
-  timeout 300 $E/fp4kv bench e2e --model qwen3-30b-a3b:random --parts tpot,throughput --tpot-contexts 131072 \
+  if [ -z "$MOE_SKIP_STEP" ]; then  # MOE_SKIP_STEP=1 MOE_PARTS=throughput MOE_PRESETS=nvfp4: e2e rows alone
+    timeout 200 $E/fp4kv bench step --model qwen3-30b-a3b:random --presets bf16,nvfp4 --contexts 4096,131072 \
+      --batches 1,8 --json "$OUT"/moe_step.json --markdown "$OUT"/moe_step.md > "$OUT"/moe_step.log 2>&1
+    echo "moe step rc=$?"; cat "$OUT"/moe_step.log
+  fi
+  timeout ${MOE_E2E_TIMEOUT:-300} $E/fp4kv bench e2e --model qwen3-30b-a3b:random --parts ${MOE_PARTS:-tpot,throughput} \
+    --presets ${MOE_PRESETS:-bf16,fp8,nvfp4,nvfp4-native,mxfp4} --tpot-contexts 131072 \
     --throughput-context 131072 --json "$OUT"/moe_e2e.json --markdown "$OUT"/moe_e2e.md --svg "$OUT"/moe_e2e.svg > "$OUT"/moe_e2e.log 2>&1
   echo "moe e2e rc=$?"; tail -30 "$OUT"/moe_e2e.log
   ;;
