@@ -1,5 +1,6 @@
 #!/bin/bash
 # One device call for the GPU engine (carry .devbin; tarball from bench/pack_engine.sh):
+#   bench/device_engine.sh first    tests, prefill and python in one call (each part's logs in its folder)
 #   bench/device_engine.sh tests    engine + backend GPU tests, memcheck of the engine tests,
 #                                   the serve tests (their CLI server runs on the GPU), generate
 #   bench/device_engine.sh e2e      fp4kv bench e2e (Qwen3-4B shape)
@@ -32,6 +33,13 @@ mkdir -p /work && ln -sfn "$PWD" /work/main
 mkdir -p build-perf/bin && ln -sfn $E/fp4kv build-perf/bin/fp4kv
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 case $WHAT in
+first)  # the next session's first call: the GPU tests, the prefill kernel, the PyTorch extension
+  for part in tests prefill python; do
+    echo "===== $part"; OUT="$OUT/$part" bash "$0" $part 2>&1 | tail -45
+  done
+  # One archive: a call brings back at most 8 files.
+  tar -czf "$OUT"/first_logs.tgz -C "$OUT" tests prefill python && rm -rf "$OUT"/tests "$OUT"/prefill "$OUT"/python
+  ;;
 tests)
   (cd $E && timeout 240 ./fp4kv_engine_gpu_tests > "$OUT"/engine_tests.log 2>&1); echo "engine tests rc=$?"
   grep -E "^\[  (FAILED|PASSED)|Failure|pk8l|row " "$OUT"/engine_tests.log | head -20
