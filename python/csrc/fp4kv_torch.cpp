@@ -19,6 +19,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -29,6 +30,7 @@
 
 #include "fp4kv/attention/decode.h"
 #include "fp4kv/attention/kv_cache_adapter.h"
+#include "fp4kv/attention/prefill.h"
 #include "fp4kv/cache/host_page.h"
 #include "fp4kv/cache/kv_cache.h"
 #include "fp4kv/core/error.h"
@@ -46,6 +48,9 @@ struct CacheEntry {
   at::Tensor pool;
   at::Tensor block_tables, seq_lens;
   int batch = 0;
+  // The chunked-prefill attention, made at its first use and again for more query heads or
+  // a longer chunk (it allocates its workspace: run one before capturing a graph).
+  std::unique_ptr<attention::PrefillAttention> prefill;
 };
 
 struct DecodeEntry {
@@ -187,6 +192,46 @@ void prefill(at::Tensor& pool, int64_t cache_id, int64_t layer, const at::Tensor
     c10::cuda::CUDAGuard guard(pool.device());
     e.cache->prefill(int(layer), block_row.data_ptr<int32_t>(), int(start), int(kf.size(0)), kf.data_ptr<float>(),
                      vf.data_ptr<float>(), current_stream(pool));
+  });
+}
+
+// A prompt chunk's attention: q [T][q_heads][d], k, v [T][kv_heads][d] BF16 attend to the
+// request's cached prefix [0, start) and causally to themselves; the chunk is not written
+// (KVCache.prefill does that afterwards). Returns out [T][q_heads][d] BF16 and the LSE [T][q_heads].
+std::tuple<at::Tensor, at::Tensor> prefill_attention(at::Tensor& pool, int64_t cache_id, int64_t layer,
+                                                     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& block_row, int64_t start) {
+  return checked("KVCache.prefill_attention", [&] {
+    CacheEntry& e = registry().cache(cache_id);
+    require_pool(e, pool);
+    const cache::KvCacheConfig& c = e.cache->config();
+    require_cuda(q, "q", at::kBFloat16, 3);
+    require_cuda(k, "k", at::kBFloat16, 3);
+    require_cuda(v, "v", at::kBFloat16, 3);
+    require_cuda(block_row, "block_row", at::kInt, 1);
+    const int64_t T = q.size(0), q_heads = q.size(1);
+    TORCH_CHECK(q.size(2) == c.head_dim && k.sizes() == v.sizes() && k.size(0) == T && k.size(1) == c.kv_heads &&
+                    k.size(2) == c.head_dim,
+                "fp4kv.KVCache.prefill_attention: q must be [T][q_heads][", c.head_dim, "] and k, v [T][", c.kv_heads,
+                "][", c.head_dim, "], got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+    TORCH_CHECK(T >= 1 && block_row.size(0) >= (start + T + cache::kPage - 1) / cache::kPage,
+                "fp4kv.KVCache.prefill_attention: block_row must cover tokens [0, ", start + T, ")");
+    c10::cuda::CUDAGuard guard(pool.device());
+    if (!e.prefill || e.prefill->config().q_heads != q_heads || e.prefill->config().max_chunk_tokens < T) {
+      attention::PrefillConfig pc;
+      pc.q_heads = int(q_heads);
+      pc.max_chunk_tokens = int(std::max<int64_t>(T, e.prefill ? e.prefill->config().max_chunk_tokens : 0));
+      e.prefill.reset();
+      e.prefill = std::make_unique<attention::PrefillAttention>(*e.cache, pc);
+    }
+    at::Tensor out = at::empty_like(q);
+    at::Tensor lse = at::empty({T, q_heads}, q.options().dtype(at::kFloat));
+    const cudaStream_t stream = current_stream(pool);
+    e.cache->begin_prefill(block_row.data_ptr<int32_t>(), int(start), int(T), stream);  // the request's slot
+    auto bits = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); };
+    e.prefill->run(int(layer), block_row.data_ptr<int32_t>(), int(start), int(T), bits(q), bits(k), bits(v),
+                   reinterpret_cast<uint16_t*>(out.data_ptr()), lse.data_ptr<float>(), stream);
+    return std::make_tuple(out, lse);
   });
 }
 
@@ -361,6 +406,8 @@ TORCH_LIBRARY(fp4kv, m) {
   m.def("append(Tensor(a!) pool, int cache, int layer, Tensor k, Tensor v) -> ()");
   m.def("end_step(Tensor(a!) pool, int cache) -> ()");
   m.def("release(Tensor(a!) pool, int cache, int first_block) -> ()");
+  m.def("prefill_attention(Tensor(a!) pool, int cache, int layer, Tensor q, Tensor k, Tensor v, Tensor block_row, "
+        "int start) -> (Tensor, Tensor)");
   m.def("cache_errors(int cache) -> (int, int)", &cache_errors);
   m.def("plan_decode(int cache, int q_heads) -> int", &plan_decode);
   m.def("decode(Tensor q, Tensor pool, int plan, int layer) -> (Tensor, Tensor)");
@@ -375,6 +422,7 @@ TORCH_LIBRARY_IMPL(fp4kv, CUDA, m) {
   m.impl("append", &append);
   m.impl("end_step", &end_step);
   m.impl("release", &release);
+  m.impl("prefill_attention", &prefill_attention);
   m.impl("decode", &decode);
 }
 

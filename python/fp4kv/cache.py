@@ -55,6 +55,16 @@ class KVCache:
         """Writes tokens ``start .. start + len(k)`` of the request whose block table is ``block_row``."""
         torch.ops.fp4kv.prefill(self.pool, self.id, layer, k, v, block_row, start)
 
+    def prefill_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          block_row: torch.Tensor, start: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """A prompt chunk's attention on tensor cores: ``q`` [T][q_heads][head_dim], ``k``, ``v``
+        [T][kv_heads][head_dim] (BF16, post-RoPE) attend to the request's cached prefix
+        ``[0, start)`` (read in the cache's format) and causally to themselves. Returns the
+        output [T][q_heads][head_dim] (BF16) and the LSE [T][q_heads]. The chunk is not written:
+        call :meth:`prefill` with the same k, v afterwards. The first call for a larger chunk
+        allocates a workspace (make one before capturing a CUDA graph)."""
+        return torch.ops.fp4kv.prefill_attention(self.pool, self.id, layer, q, k, v, block_row, start)
+
     def begin_step(self, block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
         torch.ops.fp4kv.begin_step(self.pool, self.id, block_tables, seq_lens)
 

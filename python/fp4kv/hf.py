@@ -7,15 +7,19 @@ keep the model's keys and values in an fp4kv :class:`~fp4kv.KVCache`, and the at
     out = model.generate(ids, past_key_values=fp4kv.hf.FP4Cache(model.config, preset="nvfp4"), max_new_tokens=64)
 
 How a generate call runs through it: the prompt (the first forward) is written into the cache
-layer by layer and attends to itself with PyTorch SDPA on the BF16 keys and values (fp4kv has
-no prefill attention kernel for torch yet); every later forward is one token per row: layer 0
+layer by layer and attends to itself with PyTorch SDPA on the BF16 keys and values (so the
+bf16 preset gives transformers' own numbers); a later forward of several tokens per row (a
+continuation: the next turn of a chat on the same cache) runs fp4kv's chunked-prefill
+attention, which reads the cached prefix in the cache's format and the chunk's own tokens
+in BF16, then writes the chunk; a forward of one token per row is a decode step: layer 0
 opens a cache step, each layer appends its token and runs fp4kv's decode attention over the
-whole cache, the last layer closes the step. The attention function knows such a call by the
-key tensor the cache returned (tagged with the cache), and falls back to SDPA otherwise, so a
-model loaded with ``attn_implementation="fp4kv"`` also runs with transformers' own caches.
+whole cache, the last layer closes the step. The attention function knows the cache's calls
+by the key tensor the cache returned (tagged with the cache), and falls back to SDPA
+otherwise, so a model loaded with ``attn_implementation="fp4kv"`` also runs with
+transformers' own caches.
 
-Limits: rows of a batch must have the same length (no padding: the cache has no mask), one
-prompt per cache (no continuation of a cached prefix), no beam search (no reordering).
+Limits: rows of a batch must have the same length (no padding: the cache has no mask), no
+beam search (no reordering).
 """
 import math
 from typing import Optional
@@ -105,16 +109,34 @@ class FP4Cache(Cache):
             if layer == self.num_layers - 1:
                 self.length = tokens
             return k, v
-        if tokens != 1:
-            raise NotImplementedError("fp4kv.hf.FP4Cache: after the prompt, one token per row per forward")
-        if self.length + 1 > self.max_length:
+        if self.length + tokens > self.max_length:
             raise ValueError(f"fp4kv.hf.FP4Cache: the cache holds at most {self.max_length} tokens per row")
+        if tokens > 1:  # a continuation chunk: written by _attend_chunk after its attention
+            setattr(k, _TAG, self)
+            return k, v
         if layer == 0:
             self._seq_lens = torch.full((batch,), self.length + 1, dtype=torch.int32, device=k.device)
             self.kv.begin_step(self.block_tables[:batch], self._seq_lens)
         self.kv.append(layer, k[:, :, 0, :], v[:, :, 0, :])
         setattr(k, _TAG, self)
         return k, v
+
+    def _attend_chunk(self, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """query [batch][q_heads][T][head_dim], key/value [batch][kv_heads][T][head_dim] of a
+        continuation chunk -> the attention output [batch][T][q_heads][head_dim]; then writes
+        the chunk into the cache."""
+        layer, tokens = module.layer_idx, key.shape[2]
+        outs = []
+        for row in range(key.shape[0]):
+            q = query[row].transpose(0, 1).to(torch.bfloat16).contiguous()
+            k = key[row].transpose(0, 1).to(torch.bfloat16).contiguous()
+            v = value[row].transpose(0, 1).to(torch.bfloat16).contiguous()
+            out, _ = self.kv.prefill_attention(layer, q, k, v, self.block_tables[row], self.length)
+            self.kv.prefill(layer, k, v, self.block_tables[row], self.length)
+            outs.append(out)
+        if layer == self.num_layers - 1:
+            self.length += tokens
+        return torch.stack(outs).to(query.dtype)
 
     def _decode(self, module, query: torch.Tensor) -> torch.Tensor:
         """query [batch][q_heads][1][head_dim] -> the attention output [batch][1][q_heads][head_dim]."""
@@ -127,15 +149,17 @@ class FP4Cache(Cache):
 
 
 def fp4kv_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """transformers attention function: fp4kv's decode kernel for a decode step over an
-    FP4Cache, PyTorch SDPA for everything else (the prompt, other caches)."""
+    """transformers attention function: fp4kv's kernels for a decode step or a continuation
+    chunk over an FP4Cache, PyTorch SDPA for everything else (the prompt, other caches)."""
     cache = getattr(key, _TAG, None)
     if cache is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     head_dim = query.shape[-1]
     if scaling is not None and not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
-        raise NotImplementedError(f"fp4kv: attention scaling {scaling} (fp4kv decodes with 1/sqrt(head_dim))")
+        raise NotImplementedError(f"fp4kv: attention scaling {scaling} (fp4kv attends with 1/sqrt(head_dim))")
+    if key.shape[2] > 1:
+        return cache._attend_chunk(module, query, key, value), None
     return cache._decode(module, query), None
 
 

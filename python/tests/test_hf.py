@@ -1,7 +1,8 @@
 """fp4kv inside Hugging Face transformers, on the embedded pk8l checkpoint: greedy generation with
 the bf16 preset gives transformers' own tokens (DynamicCache), teacher-forced decoding with
 the nvfp4 cache stays close to the bf16 one, and its KL on a window agrees within 10 % with
-`fp4kv eval --device cuda` on the same window. Skipped without torch, transformers, a CUDA device
+`fp4kv eval --device cuda` on the same window; a continuation chunk (the next turn on the same
+cache) reads the cached prefix. Skipped without torch, transformers, a CUDA device
 or the built extension (and the 10 % comparison without the fp4kv CLI).
 
 Tolerance of the KL check: fp4kv's eval measures pk8l's nvfp4 cache at a mean KL of ~1.5e-3
@@ -105,12 +106,47 @@ def test_nvfp4_kl_within_ten_percent_of_fp4kv_eval(model, tmp_path):
     assert abs(hf_kl - eval_kl) <= 0.10 * eval_kl
 
 
+def kl_and_top1(want_logits, got_logits):
+    lp, lq = torch.log_softmax(want_logits.double(), -1), torch.log_softmax(got_logits.double(), -1)
+    kl = (lp.exp() * (lp - lq)).sum(-1).mean().item()
+    return kl, (lp.argmax(-1) == lq.argmax(-1)).float().mean().item()
+
+
+def two_turns(model, cache, first, second):
+    """Logits of the second forward (a multi-token continuation) on a cache that holds the first."""
+    with torch.no_grad():
+        model(input_ids=first, past_key_values=cache, use_cache=True)
+        return model(input_ids=second, past_key_values=cache, use_cache=True).logits[0].float()
+
+
+def test_a_continuation_chunk_reads_the_cached_prefix(model):
+    """The next turn on the same cache: a multi-token forward runs fp4kv's chunked-prefill
+    attention over the cached prefix. With the bf16 preset it sees transformers' own BF16 keys
+    and values (DynamicCache on the same two forwards), summed in another order: KL 1e-3 bounds
+    that rounding (BF16 probabilities, ~1e-2 on a logit) and fails for a missing or shifted prefix
+    (KL > 0.1). The nvfp4 cache stays within the file's 5e-3 of the bf16 one; decoding continues."""
+    first, second = byte_ids("The cat sat on the mat."), byte_ids(" The dog ran to the door and")[:, 1:]
+    want = two_turns(model, transformers.DynamicCache(), first, second)
+    cache = fp4kv.hf.FP4Cache(model.config, preset="bf16", max_length=256)
+    got = two_turns(model, cache, first, second)
+    assert cache.length == first.shape[1] + second.shape[1]
+    kl, top1 = kl_and_top1(want, got)
+    print(f"continuation chunk of {second.shape[1]} tokens, bf16 FP4Cache vs DynamicCache: KL {kl:.3g}, top-1 {top1:.3f}")
+    assert kl < 1e-3 and top1 >= 0.9
+    nv = two_turns(model, fp4kv.hf.FP4Cache(model.config, preset="nvfp4", max_length=256), first, second)
+    kl, top1 = kl_and_top1(got, nv)
+    assert kl < 5e-3 and top1 >= 0.9
+    with torch.no_grad():  # a decode step after the chunk
+        out = model(input_ids=second[:, -1:], past_key_values=cache, use_cache=True).logits
+    assert torch.isfinite(out).all() and cache.length == first.shape[1] + second.shape[1] + 1
+
+
 def test_unsupported_uses_are_clear_errors(model):
-    cache = fp4kv.hf.FP4Cache(model.config, preset="nvfp4", max_length=256)
+    cache = fp4kv.hf.FP4Cache(model.config, preset="nvfp4", max_length=32)
     with torch.no_grad():
         model(input_ids=byte_ids("ab"), past_key_values=cache, use_cache=True)
-        with pytest.raises(NotImplementedError, match="one token per row"):
-            model(input_ids=byte_ids("cd")[:, 1:], past_key_values=cache, use_cache=True)
+        with pytest.raises(ValueError, match="at most 32 tokens"):
+            model(input_ids=byte_ids("x" * 40)[:, 1:], past_key_values=cache, use_cache=True)
     with pytest.raises(ValueError, match="max_batch"):
         fp4kv.hf.FP4Cache(model.config, preset="nvfp4", max_length=256)._update(
             0, torch.zeros(2, 2, 1, 128, device="cuda"), torch.zeros(2, 2, 1, 128, device="cuda"))

@@ -1,5 +1,6 @@
-"""The fp4kv torch ops on the GPU: decode attention against PyTorch SDPA over the keys and values
-the cache holds (BF16 rows, and dequantized pages for the FP4 and FP8 formats), CUDA-graph
+"""The fp4kv torch ops on the GPU: decode attention and a prefill chunk's attention against
+PyTorch SDPA over the keys and values the cache holds (BF16 rows, and dequantized pages for the
+FP4 and FP8 formats), CUDA-graph
 capture and replay of a decode step, torch.compile without graph breaks, the page codecs,
 and errors. Skipped without torch, a CUDA device or the built extension.
 
@@ -80,6 +81,31 @@ def test_decode_matches_sdpa_over_the_stored_values(preset):
             want_lse = torch.logsumexp(_head_logits(q[r], kk, n) / math.sqrt(d), dim=-1)
             torch.testing.assert_close(lse[r], want_lse, atol=ATOL, rtol=0)
     cache.end_step()
+    assert cache.errors() == (0, 0)
+
+
+@pytest.mark.parametrize("preset", ["bf16", "fp8", "nvfp4-vanilla", "mxfp4-vanilla"])
+def test_prefill_attention_matches_sdpa_over_the_stored_prefix(preset):
+    """A chunk of 70 tokens after a cached prefix of 300 (two full pages, quantized, and a
+    partial one in BF16): each chunk token against SDPA over the stored prefix and the chunk's
+    BF16 keys up to itself."""
+    torch.manual_seed(1)
+    cache = make_cache(preset, layers=1)
+    q_heads, d, start, T = 8, cache.head_dim, 300, 70
+    table = block_tables(1, cache.max_pages)[0]
+    k = torch.randn(start + T, cache.kv_heads, d, device="cuda")
+    v = torch.randn(start + T, cache.kv_heads, d, device="cuda")
+    cache.prefill(0, k[:start], v[:start], table, 0)
+    q = torch.randn(T, q_heads, d, device="cuda").to(torch.bfloat16)
+    kc, vc = k[start:].to(torch.bfloat16), v[start:].to(torch.bfloat16)
+    out, lse = cache.prefill_attention(0, q, kc, vc, table, start)
+    kk, vv = stored_keys_values(cache, 0, table.cpu(), k[:start + 1], v[:start + 1], start + 1)
+    keys, values = torch.cat([kk[:start], kc.float()]), torch.cat([vv[:start], vc.float()])
+    for t in range(T):
+        want = reference(q[t], keys, values, start + t + 1)
+        torch.testing.assert_close(out[t].float(), want, atol=ATOL, rtol=0, msg=f"{preset} token {t}")
+        want_lse = torch.logsumexp(_head_logits(q[t], keys, start + t + 1) / math.sqrt(d), dim=-1)
+        torch.testing.assert_close(lse[t], want_lse, atol=ATOL, rtol=0)
     assert cache.errors() == (0, 0)
 
 
