@@ -110,7 +110,7 @@ prefill)
   (cd $E && timeout 200 ./fp4kv_attention_prefill_tests > "$OUT"/prefill_tests.log 2>&1); echo "prefill tests rc=$?"
   grep -E "^\[  (FAILED|PASSED)|Failure|max_rel" "$OUT"/prefill_tests.log | head -60
   (cd $E && timeout 200 compute-sanitizer --tool memcheck ./fp4kv_attention_prefill_tests \
-      --gtest_filter='*nvfp4_d128_s129_T77*:*nvfp4_d128_s700_T65_w256*:*bf16_d64*:*mxfp4_d128_s300*:PrefillErrors.*' \
+      --gtest_filter='*nvfp4_d128_s129_T77*:*nvfp4_d128_s700_T65_w256*:*bf16_d64*:*mxfp4_d128_s300*:*rows128*:PrefillErrors.*' \
       2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tail -3)
   timeout 200 $E/fp4kv bench prefill --presets ${PRESETS:-bf16,nvfp4} --contexts 4096,32768 --json "$OUT"/prefill.json \
     --markdown "$OUT"/prefill.md 2>&1 | tail -8

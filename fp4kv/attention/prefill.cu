@@ -178,16 +178,17 @@ void launch_gather(KvFormat f, const GatherArgs& a, cudaStream_t stream) {
   }
 }
 
-template <int D>
+template <int D, int M>
 void launch_flash(const FlashArgs& a, cudaStream_t stream) {
-  const dim3 grid((a.T + kFlashRows - 1) / kFlashRows, a.q_heads);
-  prefill_flash_kernel<D><<<grid, kFlashThreads, FlashTile<D>::kSmemBytes, stream>>>(a);
+  using Shape = FlashShape<D, M>;
+  const dim3 grid((a.T + Shape::kRows - 1) / Shape::kRows, a.q_heads);
+  prefill_flash_kernel<D, M><<<grid, kFlashThreads, Shape::kSmemBytes, stream>>>(a);
 }
 
-template <int D>
+template <int D, int M>
 void configure_flash() {
-  cache::cuda_check(cudaFuncSetAttribute(prefill_flash_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         FlashTile<D>::kSmemBytes),
+  cache::cuda_check(cudaFuncSetAttribute(prefill_flash_kernel<D, M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         FlashShape<D, M>::kSmemBytes),
                     "PrefillAttention: cudaFuncSetAttribute");
 }
 
@@ -230,6 +231,8 @@ PrefillAttention::PrefillAttention(const cache::KvCache& cache, const PrefillCon
               std::to_string(c.kv_heads) + " KV heads");
   require(config.max_chunk_tokens >= 1, "PrefillAttention: max_chunk_tokens " +
                                             std::to_string(config.max_chunk_tokens) + " must be at least 1");
+  require(config.cta_rows == kNarrowCtaRows || config.cta_rows == kWideCtaRows,
+          "PrefillAttention: cta_rows " + std::to_string(config.cta_rows) + " (64 or 128)");
   require(config.prefix_window >= kPageTokens && config.prefix_window % kPageTokens == 0,
           "PrefillAttention: prefix_window " + std::to_string(config.prefix_window) +
               " must be a positive multiple of 128");
@@ -261,17 +264,20 @@ PrefillAttention::PrefillAttention(const cache::KvCache& cache, const PrefillCon
   tile_k_factor_ = static_cast<float*>(parts[6]);
   tile_v_factor_ = static_cast<float*>(parts[7]);
   key_mask_ = static_cast<uint32_t*>(parts[8]);
-  if (d == 64) detail::configure_flash<64>();
-  else detail::configure_flash<128>();
+  const bool wide = config.cta_rows == kWideCtaRows;
+  if (d == 64) wide ? detail::configure_flash<64, 2>() : detail::configure_flash<64, 1>();
+  else wide ? detail::configure_flash<128, 2>() : detail::configure_flash<128, 1>();
 }
 
 PrefillAttention::~PrefillAttention() { cudaFree(workspace_); }
 
 namespace {
 
-void launch_flash_for(int d, const detail::FlashArgs& a, cudaStream_t stream) {
-  if (d == 64) detail::launch_flash<64>(a, stream);
-  else detail::launch_flash<128>(a, stream);
+// The variant of the head size and CTA height (64 rows: one m-tile per warp; 128: two).
+void launch_flash_for(int d, int cta_rows, const detail::FlashArgs& a, cudaStream_t stream) {
+  const bool wide = cta_rows == PrefillAttention::kWideCtaRows;
+  if (d == 64) wide ? detail::launch_flash<64, 2>(a, stream) : detail::launch_flash<64, 1>(a, stream);
+  else wide ? detail::launch_flash<128, 2>(a, stream) : detail::launch_flash<128, 1>(a, stream);
 }
 
 }  // namespace
@@ -358,7 +364,7 @@ void PrefillAttention::attend_prefix(int layer, const int32_t* block_row, int st
     fa.state_lse = w > 0 ? state_lse_ : nullptr;
     fa.out_o = state_o_;
     fa.out_lse = state_lse_;
-    launch_flash_for(d, fa, stream);
+    launch_flash_for(d, config_.cta_rows, fa, stream);
   }
 }
 
@@ -392,7 +398,7 @@ void PrefillAttention::run(int layer, const int32_t* block_row, int start, int T
   fa.state_lse = start > 0 ? state_lse_ : nullptr;
   fa.out = out;
   fa.out_lse = lse;
-  launch_flash_for(d, fa, stream);
+  launch_flash_for(d, config_.cta_rows, fa, stream);
   cache::cuda_check(cudaGetLastError(), "PrefillAttention::run: launch");
 }
 

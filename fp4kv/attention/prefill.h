@@ -32,6 +32,9 @@ struct PrefillConfig {
   int q_heads = 0;
   int max_chunk_tokens = 2048;  // T of one run
   int prefix_window = 16384;    // prefix tokens expanded per pass (multiple of 128)
+  // Query rows per CTA of the attention kernel: 64 (16 per warp) or 128 (32 per warp: half
+  // the shared-memory reads per MMA, more registers); a speed choice, the same numbers.
+  int cta_rows = 64;
 };
 
 class PrefillAttention {
@@ -39,6 +42,7 @@ class PrefillAttention {
   // Validates the geometry against the cache (head_dim 64 or 128, q_heads a multiple of
   // kv_heads) and allocates the workspace. Throws fp4kv::Error naming the bad value.
   PrefillAttention(const cache::KvCache& cache, const PrefillConfig& config);
+  static constexpr int kNarrowCtaRows = 64, kWideCtaRows = 128;
   // Whether the prefill kernel has a variant for this head size (64, 128).
   static bool supports_head_dim(int head_dim) { return head_dim == 64 || head_dim == 128; }
   ~PrefillAttention();

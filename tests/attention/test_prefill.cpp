@@ -44,12 +44,14 @@ struct PrefillCase {
   int start = 0, T = 1;
   int window = 16384;
   int kv_heads = 2, G = 4;
+  int cta_rows = 64;
 };
 
 std::string case_name(const ::testing::TestParamInfo<PrefillCase>& info) {
   const PrefillCase& c = info.param;
   std::string name = c.recipe + "_d" + std::to_string(c.d) + "_s" + std::to_string(c.start) + "_T" +
-                     std::to_string(c.T) + (c.window < 16384 ? "_w" + std::to_string(c.window) : "");
+                     std::to_string(c.T) + (c.window < 16384 ? "_w" + std::to_string(c.window) : "") +
+                     (c.cta_rows != 64 ? "_rows" + std::to_string(c.cta_rows) : "");
   for (char& ch : name)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return name;
@@ -113,6 +115,7 @@ TEST_P(Prefill, MatchesTheReference) {
   pc.q_heads = Hq;
   pc.max_chunk_tokens = c.T;
   pc.prefix_window = c.window;
+  pc.cta_rows = c.cta_rows;
   attention::PrefillAttention attn(cache, pc);
   DeviceBuffer<uint16_t> dq(bf16(q));
   DeviceBuffer<uint16_t> dk(bf16(std::vector<float>(k.begin() + size_t(c.start) * H * d, k.end())));
@@ -159,8 +162,8 @@ TEST_P(Prefill, MatchesTheReference) {
         ASSERT_LE(dl, kLseTol) << "token " << t << " head " << g * c.G + j;
       }
   }
-  std::printf("  %-16s d=%3d start=%4d T=%3d window=%5d: max_rel %.2e max_lse %.2e\n", c.recipe.c_str(), d, c.start,
-              c.T, c.window, worst, worst_lse);
+  std::printf("  %-16s d=%3d start=%4d T=%3d window=%5d rows=%3d: max_rel %.2e max_lse %.2e\n", c.recipe.c_str(), d,
+              c.start, c.T, c.window, c.cta_rows, worst, worst_lse);
 }
 
 std::vector<PrefillCase> cases() {
@@ -175,6 +178,12 @@ std::vector<PrefillCase> cases() {
   v.push_back(PrefillCase{"nvfp4:no-recent", 128, 200, 50});
   v.push_back(PrefillCase{"nvfp4:no-recent", 128, 256, 1});
   v.push_back(PrefillCase{"nvfp4", 128, 40, 30, 16384, 1, 8});  // one KV head, group of 8
+  // The 128-row CTAs (two m-tiles per warp): every format after a prefix, from scratch with a
+  // partial last CTA, several windows, head_dim 64.
+  for (const char* r : {"bf16", "fp8", "nvfp4", "mxfp4-native"}) v.push_back(PrefillCase{r, 128, 300, 200, 16384, 2, 4, 128});
+  v.push_back(PrefillCase{"nvfp4", 128, 0, 130, 16384, 2, 4, 128});
+  v.push_back(PrefillCase{"nvfp4", 128, 700, 65, 256, 2, 4, 128});
+  v.push_back(PrefillCase{"mxfp4", 64, 129, 77, 16384, 2, 4, 128});
   return v;
 }
 
@@ -205,6 +214,10 @@ TEST(PrefillErrors, BadGeometryAndRunArguments) {
   pc.q_heads = 8;
   pc.prefix_window = 100;
   EXPECT_NE(message_of(pc).find("prefix_window 100"), std::string::npos);
+  pc.prefix_window = 256;
+  pc.cta_rows = 96;
+  EXPECT_NE(message_of(pc).find("cta_rows 96"), std::string::npos);
+  pc.cta_rows = 64;
   pc.prefix_window = 256;
   pc.max_chunk_tokens = 64;
   attention::PrefillAttention a(cache, pc);
