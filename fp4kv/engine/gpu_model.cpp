@@ -368,16 +368,25 @@ ops::QkNormRopeArgs GpuModel::qk_norm_rope_args(const model::Qwen3Config& c, con
   return r;
 }
 
+// Layer l's input RMSNorm of `rows` rows of a.x into a.h; from layer 1 on, the previous
+// layer's MLP output (a.delta) joins the residual stream first.
+void GpuModel::enqueue_input_norm(int l, Activations& a, int rows) {
+  const model::Qwen3Config& c = config();
+  const GpuLayerWeights& w = weights_.layer(l);
+  const float eps = float(c.rms_norm_eps);
+  if (l == 0) {
+    ops::rms_norm({a.x, w.input_norm, a.h, rows, c.hidden_size, eps}, stream_);
+  } else {
+    ops::add_rms_norm({a.x, a.delta, w.input_norm, a.h, rows, c.hidden_size, eps}, stream_);
+  }
+}
+
 void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
   const model::Qwen3Config& c = config();
   const GpuLayerWeights& w = weights_.layer(l);
   const float eps = float(c.rms_norm_eps);
   Activations& a = *act_;
-  if (l == 0) {
-    ops::rms_norm({a.x, w.input_norm, a.h, B, c.hidden_size, eps}, stream_);
-  } else {  // the previous layer's MLP output joins the residual stream
-    ops::add_rms_norm({a.x, a.delta, w.input_norm, a.h, B, c.hidden_size, eps}, stream_);
-  }
+  enqueue_input_norm(l, a, B);
   mark(StepPart::other);
   g[StepGemmKind::qkv].run(a.h, w.wqkv, a.qkv, stream_);
   mark(StepPart::gemm);
@@ -562,11 +571,7 @@ void GpuModel::enqueue_prefill_layer(int l, int start, int T, const Gemms& g) {
   const GpuLayerWeights& w = weights_.layer(l);
   const float eps = float(c.rms_norm_eps);
   Activations& a = *prefill_act_;
-  if (l == 0) {
-    ops::rms_norm({a.x, w.input_norm, a.h, T, c.hidden_size, eps}, stream_);
-  } else {
-    ops::add_rms_norm({a.x, a.delta, w.input_norm, a.h, T, c.hidden_size, eps}, stream_);
-  }
+  enqueue_input_norm(l, a, T);
   g[StepGemmKind::qkv].run(a.h, w.wqkv, a.qkv, stream_);
   ops::qk_norm_rope(qk_norm_rope_args(c, w, a, T, act_->flags), stream_);  // with the BF16 K/V copies
   auto bits = [](const __nv_bfloat16* p) { return reinterpret_cast<const uint16_t*>(p); };

@@ -175,6 +175,7 @@ class GpuModel {
   void check_rows(const StepRows& rows) const;
   void upload(const StepRows& rows);
   void enqueue_step(int batch);
+  void enqueue_input_norm(int layer, Activations& a, int rows);
   void enqueue_layer(int layer, int batch, const Gemms& g);
   void enqueue_mlp(const GpuLayerWeights& w, Activations& a, int rows, const Gemms& g);
   void enqueue_moe(const GpuLayerWeights& w, Activations& a, int rows, const Gemms& g);
