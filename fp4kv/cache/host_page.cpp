@@ -114,4 +114,95 @@ void unpack_bf16_page(const uint8_t* in, const PageLayout& l, float* k, float* v
     }
 }
 
+namespace {
+
+void pack_r_rows(const float* r, int tokens, const LatentPageLayout& l, uint8_t* out) {
+  for (int t = 0; t < tokens; ++t)
+    for (int c = 0; c < l.rope_dim; ++c) {
+      const uint16_t b = float_to_bf16_bits(r[t * l.rope_dim + c]);
+      std::memcpy(out + latent_r_offset(l, t, c), &b, 2);
+    }
+}
+
+void unpack_r_rows(const uint8_t* in, const LatentPageLayout& l, float* r) {
+  for (int t = 0; t < kPage; ++t)
+    for (int c = 0; c < l.rope_dim; ++c) {
+      uint16_t b;
+      std::memcpy(&b, in + latent_r_offset(l, t, c), 2);
+      r[t * l.rope_dim + c] = bf16_bits_to_float(b);
+    }
+}
+
+}  // namespace
+
+void pack_latent_page(const ref::QuantPage& p, const float* r, int tokens, const LatentPageLayout& l, uint8_t* out) {
+  require(p.format == l.format && p.d == l.latent_dim && l.format != KvFormat::bf16,
+          "pack_latent_page: page and layout disagree on format or latent size");
+  std::memset(out, 0, size_t(l.bytes));
+  const PageLayout k = l.latent_part();
+  const int d = l.latent_dim;
+  float scales[2] = {p.k_g, 0.0f};
+  for (int t = 0; t < kPage; ++t)
+    for (int c = 0; c < d; ++c) {
+      if (l.format == KvFormat::fp8) {
+        out[k_fp8_offset(k, t, c)] = p.k_codes[t * d + c];
+        continue;
+      }
+      set_nibble(out, k_code_address(k, t, c), p.k_codes[t * d + c]);
+      if (c % l.block == 0) out[k_scale_offset(k, t, c)] = p.k_scales[t * (d / l.block) + c / l.block];
+    }
+  if (l.format == KvFormat::mxfp4) scales[0] = mxfp4_page_scale(p.k_scales.data(), int(p.k_scales.size()));
+  std::memcpy(out + l.page_scales, scales, sizeof scales);
+  pack_r_rows(r, tokens, l, out);
+}
+
+ref::QuantPage unpack_latent_page(const uint8_t* in, const LatentPageLayout& l, float* r, int tokens) {
+  require(l.format != KvFormat::bf16, "unpack_latent_page: a BF16 latent page has no codes");
+  const PageLayout k = l.latent_part();
+  const int d = l.latent_dim;
+  ref::QuantPage p;
+  p.format = l.format;
+  p.d = d;
+  p.tokens = tokens;
+  p.k_codes.assign(size_t(kPage) * d, 0);
+  float scales[2];
+  std::memcpy(scales, in + l.page_scales, sizeof scales);
+  if (l.format != KvFormat::fp8) p.k_scales.assign(size_t(kPage) * (d / l.block), 0);
+  for (int t = 0; t < kPage; ++t)
+    for (int c = 0; c < d; ++c) {
+      if (l.format == KvFormat::fp8) {
+        p.k_codes[t * d + c] = in[k_fp8_offset(k, t, c)];
+        continue;
+      }
+      p.k_codes[t * d + c] = get_nibble(in, k_code_address(k, t, c));
+      if (c % l.block == 0) p.k_scales[t * (d / l.block) + c / l.block] = in[k_scale_offset(k, t, c)];
+    }
+  p.k_g = l.format == KvFormat::mxfp4 ? 1.0f : scales[0];  // MXFP4: the page scale is a layout detail
+  unpack_r_rows(in, l, r);
+  return p;
+}
+
+void pack_bf16_latent_page(const float* c, const float* r, int tokens, const LatentPageLayout& l, uint8_t* out) {
+  require(l.format == KvFormat::bf16, "pack_bf16_latent_page: not a BF16 latent layout");
+  std::memset(out, 0, size_t(l.bytes));
+  const PageLayout k = l.latent_part();
+  for (int t = 0; t < tokens; ++t)
+    for (int x = 0; x < l.latent_dim; ++x) {
+      const uint16_t b = float_to_bf16_bits(c[t * l.latent_dim + x]);
+      std::memcpy(out + bf16_k_offset(k, t, x), &b, 2);
+    }
+  pack_r_rows(r, tokens, l, out);
+}
+
+void unpack_bf16_latent_page(const uint8_t* in, const LatentPageLayout& l, float* c, float* r) {
+  const PageLayout k = l.latent_part();
+  for (int t = 0; t < kPage; ++t)
+    for (int x = 0; x < l.latent_dim; ++x) {
+      uint16_t b;
+      std::memcpy(&b, in + bf16_k_offset(k, t, x), 2);
+      c[t * l.latent_dim + x] = bf16_bits_to_float(b);
+    }
+  unpack_r_rows(in, l, r);
+}
+
 }  // namespace fp4kv::cache

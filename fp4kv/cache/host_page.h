@@ -23,4 +23,14 @@ ref::QuantPage unpack_page(const uint8_t* in, const PageLayout& layout, int toke
 void pack_bf16_page(const float* k, const float* v, int tokens, const PageLayout& layout, uint8_t* out);
 void unpack_bf16_page(const uint8_t* in, const PageLayout& layout, float* k, float* v);
 
+// MLA latent pages (layout.h LatentPageLayout): the latent as a logical page's key side
+// (ref::QuantPage k_*; its value side unused) and the positional keys r [128][rope_dim] as
+// floats (BF16 values; rows past `tokens` are zero). BF16 latent pages carry the latent as
+// rows of `c` instead.
+void pack_latent_page(const ref::QuantPage& latent, const float* r, int tokens, const LatentPageLayout& layout,
+                      uint8_t* out);
+ref::QuantPage unpack_latent_page(const uint8_t* in, const LatentPageLayout& layout, float* r, int tokens = kPage);
+void pack_bf16_latent_page(const float* c, const float* r, int tokens, const LatentPageLayout& layout, uint8_t* out);
+void unpack_bf16_latent_page(const uint8_t* in, const LatentPageLayout& layout, float* c, float* r);
+
 }  // namespace fp4kv::cache

@@ -163,6 +163,61 @@ FP4KV_HD constexpr int v_fp8_offset(const PageLayout& l, int t, int c) { return 
 FP4KV_HD constexpr int bf16_k_offset(const PageLayout& l, int t, int c) { return l.k_codes + (t * l.head_dim + c) * 2; }
 FP4KV_HD constexpr int bf16_v_offset(const PageLayout& l, int t, int c) { return l.v_codes + (t * l.head_dim + c) * 2; }
 
+// ---- The MLA latent page (docs/DESIGN.md "MLA") ---------------------------------------------
+// One 128-token page of one layer's latent cache:
+//   NVFP4 / MXFP4:  [c codes][c scales][r rows][page scales: float g, unused]
+//   FP8:            [c codes][r rows][page scales: float slice scale, unused]
+//   BF16:           [c: 128 x latent_dim bf16, row-major][r rows]
+// The latent c' is in the key layout above at d = latent_dim (the score product reads it as
+// the GQA kernels read K; the context product transposes its expanded fragments in registers);
+// r rows: the BF16 positional keys [128][rope_dim], row-major. Each sub-array starts on a
+// 128-byte boundary.
+struct LatentPageLayout {
+  KvFormat format = KvFormat::nvfp4;
+  int latent_dim = 0, rope_dim = 0;
+  int block = 0;  // microscaling block size (16, 32) or 0
+  int c_codes = 0, c_scales = 0, r_rows = 0, page_scales = 0;
+  int bytes = 0;  // one page (multiple of 128)
+
+  FP4KV_HD static constexpr LatentPageLayout make(KvFormat f, int latent_dim, int rope_dim) {
+    LatentPageLayout l;
+    l.format = f;
+    l.latent_dim = latent_dim;
+    l.rope_dim = rope_dim;
+    int off = 0;
+    l.c_codes = off;
+    if (f == KvFormat::nvfp4 || f == KvFormat::mxfp4) {
+      l.block = f == KvFormat::nvfp4 ? 16 : 32;
+      off = align_up(off + kPage * latent_dim / 2);
+      l.c_scales = off;
+      off = align_up(off + kPage * (latent_dim / l.block));
+    } else {
+      off = align_up(off + kPage * latent_dim * (f == KvFormat::fp8 ? 1 : 2));
+      l.c_scales = off;
+    }
+    l.r_rows = off;
+    off = align_up(off + kPage * rope_dim * 2);
+    l.page_scales = off;
+    if (f != KvFormat::bf16) off = align_up(off + 8);
+    l.bytes = off;
+    return l;
+  }
+  // The latent part as a key layout, for the key address functions above (k_code_address,
+  // k_scale_offset, k_fp8_offset, bf16_k_offset at head_dim = latent_dim).
+  FP4KV_HD constexpr PageLayout latent_part() const {
+    PageLayout k;
+    k.format = format;
+    k.head_dim = latent_dim;
+    k.block = block;
+    k.k_codes = c_codes;
+    k.k_scales = c_scales;
+    k.page_scales = page_scales;
+    k.bytes = bytes;
+    return k;
+  }
+};
+FP4KV_HD constexpr int latent_r_offset(const LatentPageLayout& l, int t, int c) { return l.r_rows + (t * l.rope_dim + c) * 2; }
+
 // ---- The BF16 slot buffer -----------------------------------------------------------------
 // Per running request ("slot"), per layer and KV head: 16 sink rows then 128 recent rows of
 // d BF16 values, for transformed K' and for V: [layers][slots][kv_heads][2 (K, V)][144][d].

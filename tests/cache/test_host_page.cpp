@@ -5,6 +5,7 @@
 #include <set>
 
 #include "fp4kv/cache/host_page.h"
+#include "fp4kv/core/error.h"
 #include "fp4kv/core/half.h"
 #include "fp4kv/core/minifloat.h"
 
@@ -101,6 +102,85 @@ TEST(HostPage, Bf16RoundTrip) {
   unpack_bf16_page(bytes.data(), l, k2.data(), v2.data());
   EXPECT_EQ(k2, k);
   EXPECT_EQ(v2, v);
+}
+
+// The MLA latent page (DeepSeek: latent 512, positional keys 64): sub-arrays where the layout
+// says, 128-byte aligned, and 416 bytes per token for NVFP4 (256 of codes, 32 of scales, 128
+// of BF16 r) plus one 128-byte page-scale slot per page.
+TEST(LatentLayout, SizesAndOffsets) {
+  const LatentPageLayout nv = LatentPageLayout::make(KvFormat::nvfp4, 512, 64);
+  EXPECT_EQ(nv.c_scales, 128 * 256);
+  EXPECT_EQ(nv.r_rows, nv.c_scales + 128 * 32);
+  EXPECT_EQ(nv.page_scales, nv.r_rows + 128 * 128);
+  EXPECT_EQ(nv.bytes, 128 * 416 + 128);
+  const LatentPageLayout mx = LatentPageLayout::make(KvFormat::mxfp4, 512, 64);
+  EXPECT_EQ(mx.r_rows, 128 * 256 + 128 * 16);
+  const LatentPageLayout f8 = LatentPageLayout::make(KvFormat::fp8, 512, 64);
+  EXPECT_EQ(f8.r_rows, 128 * 512);
+  EXPECT_EQ(f8.bytes, 128 * (512 + 128) + 128);
+  const LatentPageLayout b16 = LatentPageLayout::make(KvFormat::bf16, 512, 64);
+  EXPECT_EQ(b16.bytes, 128 * (1024 + 128));  // no page scales
+  for (const LatentPageLayout& l : {nv, mx, f8, b16}) {
+    EXPECT_EQ(l.bytes % 128 + l.c_scales % 128 + l.r_rows % 128 + l.page_scales % 128, 0);
+    const PageLayout k = l.latent_part();
+    std::set<int> codes, scales;
+    for (int t = 0; t < kPage; ++t)
+      for (int c = 0; c < l.latent_dim; ++c) {
+        if (l.format == KvFormat::nvfp4 || l.format == KvFormat::mxfp4) {
+          const NibbleAddress a = k_code_address(k, t, c);
+          codes.insert(a.byte * 2 + a.nibble);
+          ASSERT_LT(a.byte, l.c_scales);
+          const int s = k_scale_offset(k, t, c);
+          scales.insert(s);
+          ASSERT_GE(s, l.c_scales);
+          ASSERT_LT(s, l.r_rows);
+        } else {
+          const int o = l.format == KvFormat::fp8 ? k_fp8_offset(k, t, c) : bf16_k_offset(k, t, c);
+          codes.insert(o);
+          ASSERT_LT(o, l.r_rows);
+        }
+      }
+    EXPECT_EQ(codes.size(), size_t(kPage * l.latent_dim));
+    if (l.block) {
+      EXPECT_EQ(scales.size(), size_t(kPage * l.latent_dim / l.block));
+    }
+    EXPECT_GE(latent_r_offset(l, 0, 0), l.r_rows);
+    EXPECT_EQ(latent_r_offset(l, kPage - 1, l.rope_dim - 1) + 2, l.r_rows + kPage * l.rope_dim * 2);
+  }
+}
+
+TEST(LatentPage, PackUnpackRoundTrip) {
+  const int dc = 512, dr = 64, tokens = 100;  // an unfinished page: rows past 100 are zero
+  const auto c = randn(kPage * dc, 7, 2.0f), v = randn(kPage * dc, 8);
+  auto r = randn(kPage * dr, 9);
+  for (auto& x : r) x = round_bf16(x);
+  for (const char* name : {"nvfp4", "mxfp4", "fp8"}) {
+    const Recipe rec = parse_recipe(name);
+    const ref::QuantPage p = ref::quantize_page(c.data(), v.data(), tokens, dc, rec);
+    const LatentPageLayout l = LatentPageLayout::make(rec.kv, dc, dr);
+    std::vector<uint8_t> bytes(l.bytes);
+    pack_latent_page(p, r.data(), tokens, l, bytes.data());
+    std::vector<float> r2(kPage * dr);
+    const ref::QuantPage u = unpack_latent_page(bytes.data(), l, r2.data(), tokens);
+    EXPECT_EQ(u.k_codes, p.k_codes) << name;
+    EXPECT_EQ(u.k_scales, p.k_scales) << name;
+    EXPECT_EQ(u.k_g, p.k_g) << name;
+    for (int t = 0; t < kPage; ++t)
+      for (int x = 0; x < dr; ++x)
+        ASSERT_EQ(r2[t * dr + x], t < tokens ? r[t * dr + x] : 0.0f) << name << " r row " << t;
+  }
+  const LatentPageLayout l = LatentPageLayout::make(KvFormat::bf16, dc, dr);
+  auto cb = c;
+  for (auto& x : cb) x = round_bf16(x);
+  std::vector<uint8_t> bytes(l.bytes);
+  pack_bf16_latent_page(cb.data(), r.data(), kPage, l, bytes.data());
+  std::vector<float> c2(cb.size()), r2(r.size());
+  unpack_bf16_latent_page(bytes.data(), l, c2.data(), r2.data());
+  EXPECT_EQ(c2, cb);
+  EXPECT_EQ(r2, r);
+  EXPECT_THROW(pack_latent_page(ref::quantize_page(c.data(), v.data(), kPage, dc, parse_recipe("nvfp4")), r.data(),
+                                kPage, LatentPageLayout::make(KvFormat::mxfp4, dc, dr), bytes.data()),
+               Error);
 }
 
 }  // namespace
