@@ -33,7 +33,7 @@ mkdir -p /work && ln -sfn "$PWD" /work/main
 mkdir -p build-perf/bin && ln -sfn $E/fp4kv build-perf/bin/fp4kv
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 case $WHAT in
-first)  # the next session's first call: the GPU tests, the prefill kernel, the PyTorch extension
+first)  # one call for a tree not yet run on the GPU: the GPU tests, the prefill kernel, the PyTorch extension
   for part in tests prefill python; do
     echo "===== $part"; OUT="$OUT/$part" SKIP_HF_BENCH=1 bash "$0" $part 2>&1 | tail -45
   done

@@ -20,8 +20,8 @@
 #include "tools/device_choice.h"
 #ifdef FP4KV_HAVE_CUDA
 #include "fp4kv/engine/gpu_generator.h"
-#include "fp4kv/engine/scheduler.h"
 #include "fp4kv/engine/gpu_weights.h"
+#include "fp4kv/engine/scheduler.h"
 #endif
 
 namespace fp4kv::cli {
@@ -90,9 +90,8 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
   o.max_batch = 1;
   o.max_context = int(prompt.size()) + a.options.max_tokens;
   // The tensor-core prefill in the serving scheduler's chunks, so `fp4kv serve` reads a prompt
-  // the way this command does (decode steps for a head size the prefill kernel lacks).
-  if (attention::PrefillAttention::supports_head_dim(w.config().head_dim))
-    o.prefill_chunk = engine::SchedulerConfig{}.prefill_chunk;
+  // the way this command does.
+  o.prefill_chunk = engine::prefill_chunk_for(w.config(), engine::SchedulerConfig{}.prefill_chunk);
   engine::GpuModel gpu(w, recipe, cal ? cal->mu_k.data() : nullptr, o);
   const engine::GenerateStats s = engine::generate_on_gpu(gpu, prompt, a.options, print_token);
   print_stats("cuda", recipe, s);

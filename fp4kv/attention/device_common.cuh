@@ -138,4 +138,8 @@ __device__ __forceinline__ float warp_sum_xor(float v, int from) {
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
+// Natural-log <-> base-2 conversions of logits and log-sum-exps.
+inline constexpr float kLn2 = 0.693147180559945309f;
+inline constexpr float kLog2e = 1.44269504088896341f;
+
 }  // namespace fp4kv::attention::detail

@@ -13,8 +13,6 @@
 
 namespace fp4kv::attention::detail {
 
-inline constexpr float kLn2 = 0.693147180559945309f;
-
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
 // Running merge of partials (o_s, lse_s) against a fixed maximum `big` (base 2): weight

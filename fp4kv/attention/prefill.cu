@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 
 #include "fp4kv/attention/prefill_flash.cuh"
@@ -15,12 +14,14 @@
 #include "fp4kv/core/decode_layout.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/minifloat.h"
+#include "fp4kv/core/transform.h"
 
 namespace fp4kv::attention {
 
 namespace detail {
 
-inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr int kQueryRowsPerBlock = 4;    // prefill_query_kernel: a warp per (token, head) row
+inline constexpr int kGatherThreads = 128;      // prefill_gather_kernel: one 64-key tile per CTA
 
 // ---- Query transform -------------------------------------------------------------------
 // Row (t, h) of the chunk's queries as the prefix's transformed keys need it: H q rounded to
@@ -110,7 +111,7 @@ __device__ __forceinline__ float2 page_factors(const uint8_t* page, const cache:
   }
 }
 
-// Grid (rows / 64, kv_heads), 128 threads: one tile of one KV head.
+// Grid (rows / 64, kv_heads), kGatherThreads threads: one tile of one KV head.
 template <KvFormat F, int D>
 __global__ void prefill_gather_kernel(const GatherArgs a) {
   const int tile = blockIdx.x, g = blockIdx.y;
@@ -171,10 +172,10 @@ template <int D>
 void launch_gather(KvFormat f, const GatherArgs& a, cudaStream_t stream) {
   const dim3 grid(a.rows / kFlashKeys, a.kv_heads);
   switch (f) {
-    case KvFormat::nvfp4: prefill_gather_kernel<KvFormat::nvfp4, D><<<grid, 128, 0, stream>>>(a); break;
-    case KvFormat::mxfp4: prefill_gather_kernel<KvFormat::mxfp4, D><<<grid, 128, 0, stream>>>(a); break;
-    case KvFormat::fp8: prefill_gather_kernel<KvFormat::fp8, D><<<grid, 128, 0, stream>>>(a); break;
-    default: prefill_gather_kernel<KvFormat::bf16, D><<<grid, 128, 0, stream>>>(a); break;
+    case KvFormat::nvfp4: prefill_gather_kernel<KvFormat::nvfp4, D><<<grid, kGatherThreads, 0, stream>>>(a); break;
+    case KvFormat::mxfp4: prefill_gather_kernel<KvFormat::mxfp4, D><<<grid, kGatherThreads, 0, stream>>>(a); break;
+    case KvFormat::fp8: prefill_gather_kernel<KvFormat::fp8, D><<<grid, kGatherThreads, 0, stream>>>(a); break;
+    default: prefill_gather_kernel<KvFormat::bf16, D><<<grid, kGatherThreads, 0, stream>>>(a); break;
   }
 }
 
@@ -291,7 +292,7 @@ detail::FlashArgs PrefillAttention::pass_args(const uint16_t* q, int T) const {
   fa.T = T;
   fa.q_heads = config_.q_heads;
   fa.group = group_;
-  fa.scale_log2 = detail::kLog2e / std::sqrt(float(d));
+  fa.scale_log2 = log2e_over_sqrt_d(d);
   return fa;
 }
 
@@ -308,10 +309,11 @@ void PrefillAttention::transform_queries(int layer, int T, const uint16_t* q, cu
   qa.q_heads = config_.q_heads;
   qa.group = group_;
   qa.rotate = recipe.rotate_keys;
-  qa.scale_log2 = detail::kLog2e / std::sqrt(float(d));
-  const int blocks = (qa.rows + 3) / 4;  // 4 warps of 128 threads, a row each
-  if (d == 64) detail::prefill_query_kernel<64><<<blocks, 128, 0, stream>>>(qa);
-  else detail::prefill_query_kernel<128><<<blocks, 128, 0, stream>>>(qa);
+  qa.scale_log2 = log2e_over_sqrt_d(d);
+  const int blocks = (qa.rows + detail::kQueryRowsPerBlock - 1) / detail::kQueryRowsPerBlock;
+  const int threads = detail::kQueryRowsPerBlock * 32;
+  if (d == 64) detail::prefill_query_kernel<64><<<blocks, threads, 0, stream>>>(qa);
+  else detail::prefill_query_kernel<128><<<blocks, threads, 0, stream>>>(qa);
 }
 
 void PrefillAttention::attend_prefix(int layer, const int32_t* block_row, int start, int T,
@@ -322,48 +324,48 @@ void PrefillAttention::attend_prefix(int layer, const int32_t* block_row, int st
   const int pages_per_window = config_.prefix_window / kPageTokens;
   const int bf16_rows = round_up(prefix.bf16_tokens(), detail::kFlashKeys);
   const int windows = std::max(1, (prefix.quant_pages + pages_per_window - 1) / pages_per_window);
+  // What every window shares: the cache's pages and slot rows in, the workspace out.
+  detail::GatherArgs ga;
+  ga.pool = cache_.pool(layer);
+  ga.block_stride = cache_.block_stride();
+  ga.layout = cache_.layout();
+  ga.block_row = block_row;
+  ga.slots = cache_.slot_buffer();
+  ga.slot = cache_.prefill_slot();
+  ga.layer = layer;
+  ga.slot_count = c.max_slots;  // the slot buffer's `slots` dimension
+  ga.kv_heads = c.kv_heads;
+  ga.prefix = prefix;
+  ga.row_stride_heads = window_rows_;
+  ga.k = prefix_k_;
+  ga.v = prefix_v_;
+  ga.k_factor = tile_k_factor_;
+  ga.v_factor = tile_v_factor_;
+  ga.mask = key_mask_;
+  detail::FlashArgs fa = pass_args(query_t_, T);
+  fa.q_logit_offset = query_offset_;
+  fa.k = prefix_k_;
+  fa.v = prefix_v_;
+  fa.kv_head_stride = long(window_rows_) * d;
+  fa.kv_row_stride = d;
+  fa.tile_k_factor = tile_k_factor_;
+  fa.tile_v_factor = tile_v_factor_;
+  fa.tile_stride = window_rows_ / detail::kFlashKeys;
+  fa.key_mask = key_mask_;
+  fa.mask_stride = window_rows_ / 32;
+  fa.out_o = state_o_;
+  fa.out_lse = state_lse_;
   for (int w = 0; w < windows; ++w) {
-    detail::GatherArgs ga;
-    ga.pool = cache_.pool(layer);
-    ga.block_stride = cache_.block_stride();
-    ga.layout = cache_.layout();
-    ga.block_row = block_row;
-    ga.slots = cache_.slot_buffer();
-    ga.slot = cache_.prefill_slot();
-    ga.layer = layer;
-    ga.slot_count = cache_.slot_count();
-    ga.kv_heads = c.kv_heads;
-    ga.prefix = prefix;
     ga.page_begin = w * pages_per_window;
     ga.page_end = std::min(prefix.quant_pages, ga.page_begin + pages_per_window);
     ga.with_bf16_rows = w == windows - 1 && bf16_rows > 0;
     ga.rows = (ga.page_end - ga.page_begin) * kPageTokens + (ga.with_bf16_rows ? bf16_rows : 0);
-    ga.row_stride_heads = window_rows_;
-    ga.k = prefix_k_;
-    ga.v = prefix_v_;
-    ga.k_factor = tile_k_factor_;
-    ga.v_factor = tile_v_factor_;
-    ga.mask = key_mask_;
     if (ga.rows == 0) continue;
     if (d == 64) detail::launch_gather<64>(cache_.recipe().kv, ga, stream);
     else detail::launch_gather<128>(cache_.recipe().kv, ga, stream);
-
-    detail::FlashArgs fa = pass_args(query_t_, T);
-    fa.q_logit_offset = query_offset_;
-    fa.k = prefix_k_;
-    fa.v = prefix_v_;
-    fa.kv_head_stride = long(window_rows_) * d;
-    fa.kv_row_stride = d;
-    fa.tile_k_factor = tile_k_factor_;
-    fa.tile_v_factor = tile_v_factor_;
-    fa.tile_stride = window_rows_ / detail::kFlashKeys;
-    fa.key_mask = key_mask_;
-    fa.mask_stride = window_rows_ / 32;
     fa.n_keys = ga.rows;
     fa.state_o = w > 0 ? state_o_ : nullptr;  // each thread rewrites only what it read: in place
     fa.state_lse = w > 0 ? state_lse_ : nullptr;
-    fa.out_o = state_o_;
-    fa.out_lse = state_lse_;
     launch_flash_for(d, config_.cta_rows, fa, stream);
   }
 }
@@ -372,15 +374,17 @@ void PrefillAttention::run(int layer, const int32_t* block_row, int start, int T
                            const uint16_t* k, const uint16_t* v, uint16_t* out, float* lse,
                            cudaStream_t stream) const {
   const cache::KvCacheConfig& c = cache_.config();
-  require(layer >= 0 && layer < c.layers, "PrefillAttention::run: layer " + std::to_string(layer) + " outside [0, " +
-                                              std::to_string(c.layers) + ")");
-  require(T >= 1 && T <= config_.max_chunk_tokens, "PrefillAttention::run: chunk of " + std::to_string(T) +
-                                                       " tokens outside [1, " +
-                                                       std::to_string(config_.max_chunk_tokens) + "]");
-  require(start >= 0 && long(start) + T <= long(c.max_pages) * kPageTokens,
-          "PrefillAttention::run: tokens [" + std::to_string(start) + ", " + std::to_string(start + T) +
-              ") exceed the cache's " + std::to_string(c.max_pages) + " pages per request");
-  require(q && k && v && out && block_row, "PrefillAttention::run: null q, k, v, out or block_row");
+  // Per layer of every chunk: the messages are built only on failure.
+  if (layer < 0 || layer >= c.layers)
+    throw Error("PrefillAttention::run: layer " + std::to_string(layer) + " outside [0, " + std::to_string(c.layers) +
+                ")");
+  if (T < 1 || T > config_.max_chunk_tokens)
+    throw Error("PrefillAttention::run: chunk of " + std::to_string(T) + " tokens outside [1, " +
+                std::to_string(config_.max_chunk_tokens) + "]");
+  if (start < 0 || long(start) + T > long(c.max_pages) * kPageTokens)
+    throw Error("PrefillAttention::run: tokens [" + std::to_string(start) + ", " + std::to_string(start + T) +
+                ") exceed the cache's " + std::to_string(c.max_pages) + " pages per request");
+  if (!(q && k && v && out && block_row)) throw Error("PrefillAttention::run: null q, k, v, out or block_row");
   const int d = c.head_dim;
   if (start > 0) {
     transform_queries(layer, T, q, stream);

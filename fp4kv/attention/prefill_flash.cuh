@@ -136,7 +136,7 @@ __device__ __forceinline__ void init_state(const FlashArgs& a, int h, const Flas
       const size_t row = size_t(t) * a.q_heads + h;
       const float lse = a.state_lse[row];
       if (lse == neg_inf()) continue;
-      st.m[mt][rr] = lse * 1.4426950408889634f;
+      st.m[mt][rr] = lse * kLog2e;
       st.l[mt][rr] = lane % 4 == 0 ? 1.0f : 0.0f;
 #pragma unroll
       for (int nt = 0; nt < D / 8; ++nt) {
@@ -300,7 +300,7 @@ __device__ __forceinline__ void store_rows(const FlashArgs& a, int h, const Flas
       if (t >= a.T) continue;
       const size_t row = size_t(t) * a.q_heads + h;
       const float inv = l > 0.0f ? st.o_factor / l : 0.0f;
-      const float lse = l > 0.0f ? (st.m[mt][rr] + __log2f(l)) * 0.6931471805599453f : neg_inf();
+      const float lse = l > 0.0f ? (st.m[mt][rr] + __log2f(l)) * kLn2 : neg_inf();
 #pragma unroll
       for (int nt = 0; nt < D / 8; ++nt) {
         const int c = nt * 8 + (lane % 4) * 2;

@@ -137,7 +137,6 @@ class KvCache {
   long long block_stride() const { return dims_.block_stride; }  // bytes per block (all heads)
   const uint8_t* pool(int layer) const;                           // block b's head h: + b * block_stride() + h * layout().bytes
   const uint16_t* slot_buffer() const { return mem_.slots; }      // BF16 bits, layout.h slot_row_offset
-  int slot_count() const { return dims_.slots; }                  // the slot buffer's `slots` dimension
   const int32_t* prefill_slot() const { return mem_.prefill_slot; }  // [1] slot of the chunk being prefilled
   const StepPlan& plan() const { return plan_; }
   const float* mu_k_device() const { return mem_.mu; }            // [layers][kv_heads][head_dim] or null

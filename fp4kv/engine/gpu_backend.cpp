@@ -22,11 +22,16 @@ StepRows GpuBackend::table_of(uint64_t request) const {
   return rows;
 }
 
-void GpuBackend::add_row(uint64_t request, int token, StepRows& rows) {
-  int& length = lengths_[request];
-  if (length >= model_.options().max_context)  // every step: the message only on failure
+// Every step: the message is built only on failure.
+void GpuBackend::require_fits(uint64_t request, long long end) const {
+  if (end > model_.options().max_context)
     throw Error("GpuBackend: request " + std::to_string(request) + " would pass the engine's max_context of " +
                 std::to_string(model_.options().max_context) + " tokens");
+}
+
+void GpuBackend::add_row(uint64_t request, int token, StepRows& rows) {
+  int& length = lengths_[request];
+  require_fits(request, (long long)length + 1);
   blocks_.reserve(request, length + 1);
   ++length;
   rows.tokens.push_back(token);
@@ -79,8 +84,7 @@ void GpuBackend::run_prefill(uint64_t request, const std::vector<int>& tokens) {
   require(!tokens.empty(), "GpuBackend::prefill: no tokens");
   if (synthetic_prefill_ && tokens.size() > 1) {
     const int first = lengths_[request], count = int(tokens.size()) - 1;
-    require((long long)first + count < model_.options().max_context,
-            "GpuBackend: request " + std::to_string(request) + " would pass the engine's max_context");
+    require_fits(request, (long long)first + count + 1);  // and the last token's step
     blocks_.reserve(request, first + count);
     model_.fill_random_tokens(table_of(request), first, count, request);
     lengths_[request] = first + count;
@@ -92,9 +96,7 @@ void GpuBackend::run_prefill(uint64_t request, const std::vector<int>& tokens) {
   if (model_.options().prefill_chunk > 0) {  // the tensor-core prefill, chunk by chunk
     int& length = lengths_[request];
     const long long end = (long long)length + (long long)tokens.size();
-    if (end > model_.options().max_context)
-      throw Error("GpuBackend: request " + std::to_string(request) + " would pass the engine's max_context of " +
-                  std::to_string(model_.options().max_context) + " tokens");
+    require_fits(request, end);
     blocks_.reserve(request, int(end));
     std::vector<int32_t> row;
     append_table(request, row);

@@ -50,6 +50,8 @@ class GpuBackend : public Backend {
   void run_prefill(uint64_t request, const std::vector<int>& tokens);
   void run_decode(const std::vector<uint64_t>& requests, const std::vector<int>& tokens);
   // Reserves the block for one more token of `request` and appends its row to `rows`.
+  // Throws fp4kv::Error when the request would hold more than max_context tokens.
+  void require_fits(uint64_t request, long long end) const;
   void add_row(uint64_t request, int token, StepRows& rows);
   // Appends `request`'s block-table row: its blocks, padded with its first.
   void append_table(uint64_t request, std::vector<int32_t>& tables) const;

@@ -39,7 +39,7 @@ T* device_array(size_t n, std::vector<void*>& owned, const char* what) {
 int pages_for(long long tokens) { return int((tokens + cache::kPage - 1) / cache::kPage); }
 
 // The prefill's GEMMs run on row counts rounded up to this multiple, so a handful of plans
-// serve every chunk length (the padding rows hold finite stale values; their outputs are unused).
+// serve every chunk length (the padding rows of their inputs stay zero; their outputs are unused).
 constexpr int kPrefillGemmRows = 64;
 constexpr int kMaxPrefillChunk = 16384;
 int prefill_rows(int tokens) { return (tokens + kPrefillGemmRows - 1) / kPrefillGemmRows * kPrefillGemmRows; }
@@ -64,7 +64,8 @@ struct GpuModel::Activations {
   int rope_positions = 0;
 
   // B rows; `prefill`: the chunk activations (BF16 K/V copies, logits of no row: the
-  // prefill's last row goes through the step activations' LM head).
+  // prefill's last row goes through the step activations' LM head; the GEMM inputs h, attn
+  // and act zeroed, since the ops write only a chunk's rows and the GEMMs read padded ones).
   Activations(const model::Qwen3Config& c, int B, int max_pages, int max_context, bool prefill = false) {
     const size_t H = c.hidden_size, d = c.head_dim, I = c.intermediate_size;
     const size_t qd = size_t(c.num_attention_heads) * d, kvd = size_t(c.num_key_value_heads) * d;
@@ -89,7 +90,6 @@ struct GpuModel::Activations {
     if (prefill) {
       k_bf16 = device_array<__nv_bfloat16>(B * kvd, owned, "prefill k");
       v_bf16 = device_array<__nv_bfloat16>(B * kvd, owned, "prefill v");
-      cuda_check(cudaMemset(x, 0, size_t(B) * H * sizeof(__nv_bfloat16)), "GpuModel: prefill rows");
       cuda_check(cudaMemset(h, 0, size_t(B) * H * sizeof(__nv_bfloat16)), "GpuModel: prefill rows");
       cuda_check(cudaMemset(attn, 0, B * qd * sizeof(__nv_bfloat16)), "GpuModel: prefill rows");
       cuda_check(cudaMemset(act, 0, B * I * sizeof(__nv_bfloat16)), "GpuModel: prefill rows");
@@ -206,6 +206,10 @@ StepRows consecutive_rows(int batch, int max_pages, int seq_len, int token) {
   return rows;
 }
 
+int prefill_chunk_for(const model::Qwen3Config& c, int chunk) {
+  return attention::PrefillAttention::supports_head_dim(c.head_dim) ? chunk : 0;
+}
+
 long long gpu_kv_budget(double utilization) {
   require(utilization > 0 && utilization <= 1,
           "--gpu-memory-utilization must be in (0, 1], got " + std::to_string(utilization));
@@ -320,12 +324,14 @@ GpuModel::Gemms& GpuModel::gemms_for(int batch) {
 }
 
 // Plans for the prefill's row counts: cuBLASLt's heuristic choice (tuning would time them on
-// the step's buffers, sized for max_batch rows).
+// the step's buffers, sized for max_batch rows); no LM head (only the last row needs it: the
+// step's batch-1 plan).
 GpuModel::Gemms& GpuModel::prefill_gemms_for(int rows) {
   auto it = prefill_gemms_.find(rows);
   if (it != prefill_gemms_.end()) return *it->second;
   auto g = std::make_unique<Gemms>();
-  for (const StepGemm& s : step_gemms(weights_, rows)) g->plans[size_t(s.kind)].emplace(s.shape, kGemmWorkspaceBytes);
+  for (const StepGemm& s : step_gemms(weights_, rows))
+    if (s.kind != StepGemmKind::lm_head) g->plans[size_t(s.kind)].emplace(s.shape, kGemmWorkspaceBytes);
   return *prefill_gemms_.emplace(rows, std::move(g)).first->second;
 }
 

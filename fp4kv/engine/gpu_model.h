@@ -63,6 +63,10 @@ inline constexpr long long kGpuActivationReserveBytes = 1LL << 30;
 // fp4kv::Error for a utilization outside (0, 1].
 long long gpu_kv_budget(double utilization);
 
+// GpuModelOptions::prefill_chunk for a model: `chunk` where the prefill kernel has the model's
+// head size, else 0 (its prompts then run as decode steps).
+int prefill_chunk_for(const model::Qwen3Config& c, int chunk);
+
 struct GpuModelOptions {
   int max_batch = 1;         // rows of a step
   int max_context = 0;       // tokens of one request (0: the model's max_position_embeddings)

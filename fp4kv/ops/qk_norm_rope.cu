@@ -74,9 +74,10 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRope
   const __nv_bfloat16* x = a.qkv + (size_t(t) * heads + j) * d;
   if (j >= a.q_heads + a.kv_heads) {  // v: a copy
     const size_t row = (size_t(t) * a.kv_heads + (j - a.q_heads - a.kv_heads)) * d;
-    for (int i = lane; i < d; i += 32) a.v[row + i] = __bfloat162float(x[i]);
-    if (a.v_bf16)
-      for (int i = lane; i < d; i += 32) a.v_bf16[row + i] = x[i];
+    for (int i = lane; i < d; i += 32) {
+      a.v[row + i] = __bfloat162float(x[i]);
+      if (a.v_bf16) a.v_bf16[row + i] = x[i];
+    }
     return;
   }
   const int pos = a.positions[t];
