@@ -86,7 +86,14 @@ python)
   python3 -c "from transformers.cache_utils import CacheLayerMixin; print('abstract:', sorted(CacheLayerMixin.__abstractmethods__))"
   cp "$(python3 -c 'import transformers.cache_utils as c; print(c.__file__)')" "$OUT"/
   CMAKE_BUILD_PARALLEL_LEVEL=16 timeout 300 python3 -m pip install --no-build-isolation --no-deps --break-system-packages \
+    --config-settings=build-dir=/tmp/fp4kv-pybuild --config-settings=build.verbose=true \
     --target /tmp/fp4kv-py -v ./python > "$OUT"/pip.log 2>&1; RC=$?; echo "pip rc=$RC"
+  # What the module links and exports (a second copy of libstdc++ inside it breaks iostreams)
+  env | grep -iE "FLAGS|^LD_|^CC=|^CXX=" | sed 's/^/env: /'
+  grep -E "\-o _C\.so|-shared.* _C" "$OUT"/pip.log | tail -1 | tr ' ' '\n' | grep -vE "^-I|^$" | tail -40
+  M=/tmp/fp4kv-py/fp4kv/_C.so
+  echo "libstdc++ symbols defined in _C.so: $(nm -D --defined-only $M | grep -cE 'St7codecvt|_M_insertIl|__throw_ios_failure')"
+  ldd $M | grep -E "stdc|gcc_s"
   if [ $RC != 0 ]; then
     grep -E "Error|error:" "$OUT"/pip.log | tail -3
     (cmake -S python -B /tmp/pybuild -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" \
@@ -94,8 +101,10 @@ python)
       && cp /tmp/pybuild/_C*.so /tmp/fp4kv-py/fp4kv/) > "$OUT"/cmake_py.log 2>&1; echo "cmake build rc=$?"
     grep -E "error|Error" "$OUT"/cmake_py.log | head -20
   fi
-  (cd /tmp && PYTHONPATH=/tmp/fp4kv-py timeout 300 python3 -m pytest -q -rs /work/main/python/tests \
-    > "$OUT"/pytest.log 2>&1); RC=$?; echo "pytest rc=$RC"; tail -40 "$OUT"/pytest.log
+  (cd /tmp && PYTHONPATH=/tmp/fp4kv-py timeout 300 python3 -m pytest -v -rs /work/main/python/tests ${PYTEST_ARGS} \
+    > "$OUT"/pytest.log 2>&1); RC=$?; echo "pytest rc=$RC"
+  grep -E "(PASSED|FAILED|SKIPPED|ERROR)( |$)|passed|failed|Fatal" "$OUT"/pytest.log | cut -c1-150 | head -40
+  sed -n '/= FAILURES =/,/short test summary/p' "$OUT"/pytest.log | grep -E "^E |Error|error|^_+ test" | head -30
   PYTHONPATH=/tmp/fp4kv-py timeout 120 python3 bench/py_error_probe.py
   if [ $RC = 139 ]; then  # a crash: the error test alone, with the named native backtrace of the SIGSEGV
     gcc -shared -fPIC -o /tmp/segv.so bench/segv_backtrace.c

@@ -19,7 +19,7 @@ PROBES = {
                                                                  "cache.append(0, torch.zeros(1, 3, 128, device='cuda'), torch.zeros(1, 3, 128, device='cuda'))"),
     "decode: wrong q heads (CUDA, no mutation)": ("w = fp4kv.DecodeWrapper(8).plan(cache); "
                                                  "w.run(torch.zeros(1, 4, 128, device='cuda', dtype=torch.bfloat16), cache, 0)"),
-    "quantize_page: wrong shape (CPU)": "fp4kv.quantize_page(torch.zeros(3, 64), torch.zeros(3, 64), 'nvfp4')",
+    "quantize_page: 200 tokens (CPU)": "fp4kv.quantize_page(torch.zeros(200, 64), torch.zeros(200, 64), 'nvfp4')",
 }
 
 for name, call in PROBES.items():

@@ -17,6 +17,7 @@
 // key mask (when given) covers whole tiles.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -91,7 +92,12 @@ __device__ __forceinline__ void load_tile_async(uint32_t tile, const uint16_t* b
   }
 }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
+// Two floats as BF16 (round to nearest) in one 32-bit register, lo in the low half: one
+// cvt.rn.bf16x2.f32.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 x = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&x);
+}
 
 // The running softmax of the thread's rows: per m-tile, lane / 4 and lane / 4 + 8 of its 16.
 template <int D, int M>
@@ -192,18 +198,38 @@ __device__ __forceinline__ void tile_scores(const uint32_t (&qf)[D / 16][4], uin
   }
 }
 
-// Scales the raw scores to log2 logits and masks the keys a row may not see (-inf).
+// A tile's keys as the warp sees them: the factor that turns raw scores into log2 logits, and
+// whether any of its keys is hidden from any of the warp's rows (then the scores are masked
+// element by element; interior tiles of a causal pass, and every tile of a full unmasked
+// window, skip that work).
+struct TileView {
+  float scale;           // scale_log2 x the tile's key factor (>= 0)
+  uint32_t words[2];     // the tile's key-mask bits (all ones without a mask)
+  bool masked;
+};
+
 template <int M>
-__device__ __forceinline__ void scale_and_mask(const FlashArgs& a, int g, int tile, const FlashRows<M>& rows,
-                                               const float (&offset)[M][2], float (&s)[M][8][4]) {
-  const int lane = threadIdx.x % 32;
-  const float kf = a.tile_k_factor ? a.tile_k_factor[size_t(g) * a.tile_stride + tile] : 1.0f;
-  const float sc = a.scale_log2 * kf;
-  uint32_t words[2] = {0xffffffffu, 0xffffffffu};
+__device__ __forceinline__ TileView view_tile(const FlashArgs& a, int g, int tile, int warp_first_row) {
+  TileView v;
+  v.scale = a.scale_log2 * (a.tile_k_factor ? a.tile_k_factor[size_t(g) * a.tile_stride + tile] : 1.0f);
+  v.words[0] = v.words[1] = 0xffffffffu;
   if (a.key_mask) {
-    words[0] = a.key_mask[size_t(g) * a.mask_stride + 2 * tile];
-    words[1] = a.key_mask[size_t(g) * a.mask_stride + 2 * tile + 1];
+    v.words[0] = a.key_mask[size_t(g) * a.mask_stride + 2 * tile];
+    v.words[1] = a.key_mask[size_t(g) * a.mask_stride + 2 * tile + 1];
   }
+  const int last_key = tile * kFlashKeys + kFlashKeys - 1;
+  v.masked = (v.words[0] & v.words[1]) != 0xffffffffu || last_key >= a.n_keys ||
+             (a.causal && last_key > warp_first_row);
+  return v;
+}
+
+// Scales the raw scores of a masked tile to log2 logits (offset included) and sets the keys a
+// row may not see to -inf.
+template <int M>
+__device__ __forceinline__ void scale_and_mask(const FlashArgs& a, int tile, const TileView& view,
+                                               const FlashRows<M>& rows, const float (&offset)[M][2],
+                                               float (&s)[M][8][4]) {
+  const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int mt = 0; mt < M; ++mt)
 #pragma unroll
@@ -213,22 +239,26 @@ __device__ __forceinline__ void scale_and_mask(const FlashArgs& a, int g, int ti
         const int jt = nt * 8 + (lane % 4) * 2 + e % 2;  // key within the tile
         const int j = tile * kFlashKeys + jt;
         const int rr = e / 2;
-        const bool valid =
-            j < a.n_keys && (!a.causal || j <= rows.t[mt][rr]) && ((words[jt / 32] >> (jt % 32)) & 1u);
-        s[mt][nt][e] = valid ? fmaf(s[mt][nt][e], sc, offset[mt][rr]) : neg_inf();
+        const bool valid = j < a.n_keys && (!a.causal || j <= rows.t[mt][rr]) &&
+                           ((view.words[jt / 32] >> (jt % 32)) & 1u);
+        s[mt][nt][e] = valid ? fmaf(s[mt][nt][e], view.scale, offset[mt][rr]) : neg_inf();
       }
 }
 
 // Online softmax over the tile: updates m and l, turns s into P (unnormalized, in place) and
-// rescales O by alpha and by the change of value factor.
+// rescales O by alpha and by the change of value factor. The log2 logit of a score x is
+// x * scale + bias[row] (a masked tile passes its finished logits with scale 1 and bias 0; an
+// unmasked tile its raw scores, so the scaling rides on the exponent's FMA). scale >= 0, so the
+// largest raw score gives the largest logit.
 template <int D, int M>
-__device__ __forceinline__ void softmax_tile(FlashState<D, M>& st, float v_factor, float (&s)[M][8][4]) {
+__device__ __forceinline__ void softmax_tile(FlashState<D, M>& st, float v_factor, float scale,
+                                             const float (&bias)[M][2], float (&s)[M][8][4]) {
   // A zero value factor (an all-zero page) contributes nothing; O keeps its units.
   const float ratio = v_factor == 0.0f ? 1.0f : st.o_factor / v_factor;
   if (v_factor != 0.0f) st.o_factor = v_factor;
 #pragma unroll
   for (int mt = 0; mt < M; ++mt) {
-    float alpha[2];
+    float o_scale[2];  // alpha x the change of value units
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       float mx = neg_inf();
@@ -236,24 +266,29 @@ __device__ __forceinline__ void softmax_tile(FlashState<D, M>& st, float v_facto
       for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * rr], s[mt][nt][2 * rr + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mn = fmaxf(st.m[mt][rr], mx);
+      const float mn = fmaxf(st.m[mt][rr], fmaf(mx, scale, bias[mt][rr]));
       const float mz = mn == neg_inf() ? 0.0f : mn;  // no visible key yet: p = 0, alpha = 0, not NaN
-      alpha[rr] = fast_exp2(st.m[mt][rr] - mz);
+      const float alpha = fast_exp2(st.m[mt][rr] - mz);
+      o_scale[rr] = alpha * ratio;
       st.m[mt][rr] = mn;
+      const float shift = bias[mt][rr] - mz;
       float sum = 0.0f;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-          s[mt][nt][e] = fast_exp2(s[mt][nt][e] - mz);
+          s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scale, shift));
           sum += s[mt][nt][e];
         }
-      st.l[mt][rr] = fmaf(st.l[mt][rr], alpha[rr], sum);
+      st.l[mt][rr] = fmaf(st.l[mt][rr], alpha, sum);
     }
+    // Once the running maxima settle, most tiles leave O as it is: skip the multiplies when no
+    // row of the warp needs them (a warp-uniform branch).
+    if (__all_sync(0xffffffffu, o_scale[0] == 1.0f && o_scale[1] == 1.0f)) continue;
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st.o[mt][nt][e] *= alpha[e / 2] * ratio;
+      for (int e = 0; e < 4; ++e) st.o[mt][nt][e] *= o_scale[e / 2];
   }
 }
 
@@ -348,6 +383,7 @@ __global__ void __launch_bounds__(kFlashThreads) prefill_flash_kernel(const Flas
                            ? a.q_logit_offset[size_t(rows.t[mt][rr]) * a.q_heads + h]
                            : 0.0f;
     }
+  const int warp_first_row = t0 + warp * 16 * M;
   FlashState<D, M> st;
   init_state<D, M>(a, h, rows, st);
 
@@ -369,11 +405,17 @@ __global__ void __launch_bounds__(kFlashThreads) prefill_flash_kernel(const Flas
         for (int ks = 0; ks < D / 16; ++ks) load_q_fragment<D, M>(q_tile, 0, ks, qf[ks]);
       }
     }
+    const TileView view = view_tile<M>(a, g, i, warp_first_row);
     float s[M][8][4];
     tile_scores<D, M>(qf, q_tile, k_tile(buf), s);
-    scale_and_mask<M>(a, g, i, rows, offset, s);
     const float vf = a.tile_v_factor ? a.tile_v_factor[size_t(g) * a.tile_stride + i] : 1.0f;
-    softmax_tile<D, M>(st, vf, s);
+    if (view.masked) {
+      scale_and_mask<M>(a, i, view, rows, offset, s);
+      const float no_bias[M][2] = {};  // the logits are finished
+      softmax_tile<D, M>(st, vf, 1.0f, no_bias, s);
+    } else {
+      softmax_tile<D, M>(st, vf, view.scale, offset, s);
+    }
     if (vf != 0.0f) tile_pv<D, M>(s, v_tile(buf), st);
     __syncthreads();  // every warp is done with this buffer before the next prefetch overwrites it
   }

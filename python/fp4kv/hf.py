@@ -28,6 +28,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .cache import DecodeWrapper, KVCache
 
@@ -56,8 +57,10 @@ class _FP4Layer(CacheLayerMixin):
             self.lazy_initialization(key_states)
         return self.owner._update(self.layer_idx, key_states, value_states)
 
-    def get_mask_sizes(self, cache_position: torch.Tensor):
-        return self.owner.length + cache_position.shape[0], 0
+    def get_mask_sizes(self, query_length) -> tuple:
+        # transformers 5 passes the query length; 4.x passed the query's cache positions
+        n = query_length if isinstance(query_length, int) else query_length.shape[0]
+        return self.owner.length + n, 0
 
     def get_seq_length(self) -> int:
         return self.owner.length
@@ -164,3 +167,9 @@ def fp4kv_attention(module, query, key, value, attention_mask, dropout=0.0, scal
 
 
 AttentionInterface.register("fp4kv", fp4kv_attention)
+# The masks of SDPA's format. transformers builds no mask at all for an attention function
+# without a registered mask function, and SDPA's own causal flag aligns the mask to the top
+# left: a multi-token forward after a prefix through the SDPA fallback (transformers' own
+# caches) would attend only to the first keys. fp4kv's kernels ignore the mask (causal by
+# construction, rows without padding).
+AttentionMaskInterface.register("fp4kv", sdpa_mask)
