@@ -36,6 +36,7 @@
 #include "tools/commands.h"
 #include "tools/csv_args.h"
 #include "tools/step_timing.h"
+#include "tools/tensor_parallel_arg.h"
 
 namespace fp4kv::cli {
 
@@ -59,6 +60,7 @@ struct E2eArgs {
   int throughput_context = 65536, output_tokens = 256, runs = 20;
   double gpu_memory_utilization = 0.9;
   std::string json = "bench_e2e.json", markdown = "bench_e2e.md", svg = "bench_e2e.svg";
+  int tensor_parallel = 1;
 };
 
 struct Run {
@@ -293,6 +295,7 @@ int run_bench_e2e(const E2eArgs& A) {
     require(p == "tpot" || p == "throughput" || p == "overhead" || p == "capacity",
             "--parts: unknown part '" + p + "' (tpot, throughput, overhead, capacity)");
   for (const std::string& p : split_csv(A.presets)) parse_recipe(p);  // fail before the work
+  require_one_rank(A.tensor_parallel, A.model);
   const engine::GpuWeights w = engine::GpuWeights::from_spec(A.model);
   double read_tbs = 0, copy_tbs = 0;
   testing::measure_bandwidth(read_tbs, copy_tbs);
@@ -323,6 +326,7 @@ Action add_bench_e2e(CLI::App& bench) {
   cmd->add_option("--model", a->model, "NAME:random (qwen3-0.6b ... qwen3-32b) or a checkpoint directory")
       ->capture_default_str();
   cmd->add_option("--presets", a->presets, "recipe presets, comma-separated")->capture_default_str();
+  cmd->add_option("--tensor-parallel", a->tensor_parallel, "GPUs to split the model over (NCCL)")->capture_default_str();
   cmd->add_option("--parts", a->parts, "which measurements: tpot,throughput,overhead,capacity")->capture_default_str();
   cmd->add_option("--tpot-contexts", a->tpot_contexts, "TPOT contexts (tokens)")->capture_default_str();
   cmd->add_option("--tpot-batches", a->tpot_batches, "TPOT batch sizes")->capture_default_str();

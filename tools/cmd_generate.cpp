@@ -18,6 +18,7 @@
 #include "fp4kv/model/qwen3.h"
 #include "tools/commands.h"
 #include "tools/device_choice.h"
+#include "tools/tensor_parallel_arg.h"
 #ifdef FP4KV_HAVE_CUDA
 #include "fp4kv/engine/gpu_generator.h"
 #include "fp4kv/engine/gpu_weights.h"
@@ -30,6 +31,7 @@ namespace {
 
 struct GenerateArgs {
   std::string model = "models/pk8l", kv = "nvfp4", prompt, prompt_file, calibration, device = "auto";
+  int tensor_parallel = 1;
   engine::GenerateOptions options;
   bool prompt_given = false;  // --prompt '' is an empty prompt, not a missing one
 };
@@ -101,6 +103,7 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
 
 int run_generate(const GenerateArgs& a) {
   const bool gpu = use_gpu(a.device);
+  require_one_rank(a.tensor_parallel, a.model);
   const Recipe recipe = parse_recipe(a.kv);
   const std::string text = read_prompt(a);
   require(!text.empty(), "the prompt is empty");
@@ -128,6 +131,7 @@ Action add_generate(CLI::App& app) {
   sub->add_option("--seed", a->options.sampling.seed, "seed of the sampling draws")->capture_default_str();
   sub->add_option("--device", a->device, "auto (the GPU when one is visible), cpu or cuda")->capture_default_str();
   sub->add_option("--calibration", a->calibration, "calibration file (default: beside the model)");
+  sub->add_option("--tensor-parallel", a->tensor_parallel, "GPUs to split the model over (NCCL)")->capture_default_str();
   return [a, prompt] {
     a->prompt_given = prompt->count() > 0;
     return run_generate(*a);

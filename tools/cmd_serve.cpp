@@ -20,6 +20,7 @@
 #include "fp4kv/serve/server.h"
 #include "tools/commands.h"
 #include "tools/device_choice.h"
+#include "tools/tensor_parallel_arg.h"
 #ifdef FP4KV_HAVE_CUDA
 #include "fp4kv/serve/gpu_serving.h"
 #endif
@@ -37,6 +38,7 @@ struct ServeArgs {
   std::string device = "auto";
   long long kv_memory_mib = 0;  // 0: the engine's default (CPU: 256 MiB; GPU: --gpu-memory-utilization)
   double gpu_memory_utilization = 0.9;
+  int tensor_parallel = 1;
 };
 
 // SIGINT and SIGTERM write one byte to a pipe (the only async-signal-safe work); a thread
@@ -115,6 +117,7 @@ void load_and_attach(const ServeArgs& a, bool gpu, Loaded& loaded, serve::HttpSe
 
 int run_serve(ServeArgs& a) {
   const bool gpu = use_gpu(a.device);
+  require_one_rank(a.tensor_parallel, a.model_dir);
   require(a.max_batch >= 1, "--max-batch must be >= 1, got " + std::to_string(a.max_batch));
   require(a.kv_memory_mib >= 0, "--kv-memory-mib must be >= 0, got " + std::to_string(a.kv_memory_mib));
   (void)parse_recipe(a.kv);  // a bad --kv fails before the port is taken
@@ -160,6 +163,7 @@ Action add_serve(CLI::App& app) {
   sub->add_option("--device", a->device, "auto (the GPU engine when a device is visible), cpu or cuda")
       ->capture_default_str();
   sub->add_option("--max-batch", a->max_batch, "requests in the running batch at most")->capture_default_str();
+  sub->add_option("--tensor-parallel", a->tensor_parallel, "GPUs to split the model over (NCCL)")->capture_default_str();
   sub->add_option("--kv-memory-mib", a->kv_memory_mib,
                   "KV cache memory the block pool is cut from (0: 256 MiB on the CPU, --gpu-memory-utilization on "
                   "the GPU)")

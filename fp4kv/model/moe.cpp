@@ -60,7 +60,14 @@ MoeRouting route_tokens(const float* router_logits, int tokens, int num_experts,
 }
 
 void moe_mlp(const MoeWeights& w, const float* x, int tokens, float* out) {
+  moe_mlp_experts(w, 0, w.num_experts, x, tokens, out);
+}
+
+void moe_mlp_experts(const MoeWeights& w, int first, int count, const float* x, int tokens, float* out) {
   require(w.router && w.gate_up && w.down, "MoE block: a weight pointer is null");
+  require(first >= 0 && count >= 0 && first + count <= w.num_experts,
+          "MoE block: experts [" + std::to_string(first) + ", " + std::to_string(first + count) + ") outside [0, " +
+              std::to_string(w.num_experts) + ")");
   require(w.hidden > 0 && w.intermediate > 0, "MoE block: hidden and intermediate sizes must be positive");
   require(tokens >= 0, "MoE block: negative token count");
   const int E = w.num_experts, H = w.hidden, I = w.intermediate, k = w.top_k;
@@ -81,14 +88,15 @@ void moe_mlp(const MoeWeights& w, const float* x, int tokens, float* out) {
     }
   }
   std::vector<float> xe, y;
-  for (int e = 0; e < E; ++e) {  // ascending expert order: each token's sum in transformers' order
+  for (int e = first; e < first + count; ++e) {  // ascending expert order: each token's sum in transformers' order
     const std::vector<int>& ts = rows[size_t(e)];
     if (ts.empty()) continue;
     const int n = int(ts.size());
     xe.resize(size_t(n) * H);
     for (int i = 0; i < n; ++i) std::copy_n(x + size_t(ts[size_t(i)]) * H, H, xe.data() + size_t(i) * H);
     y.resize(size_t(n) * H);
-    swiglu_mlp(xe.data(), n, H, I, w.gate_up + size_t(e) * 2 * I * H, w.down + size_t(e) * H * I, y.data());
+    const size_t held = size_t(e - first);
+    swiglu_mlp(xe.data(), n, H, I, w.gate_up + held * 2 * I * H, w.down + held * H * I, y.data());
     for (int i = 0; i < n; ++i) {
       float* o = out + size_t(ts[size_t(i)]) * H;
       const float* yi = y.data() + size_t(i) * H;

@@ -43,4 +43,9 @@ MoeRouting route_tokens(const float* router_logits, int tokens, int num_experts,
 // Throws fp4kv::Error for inconsistent sizes.
 void moe_mlp(const MoeWeights& w, const float* x, int tokens, float* out);
 
+// The contributions of experts [first, first + count) alone (expert parallelism: the block's
+// output is the sum of every rank's part): routing over all w.num_experts experts (w.router
+// holds them all), w.gate_up and w.down holding only experts first .. first + count - 1.
+void moe_mlp_experts(const MoeWeights& w, int first, int count, const float* x, int tokens, float* out);
+
 }  // namespace fp4kv::model

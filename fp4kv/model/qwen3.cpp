@@ -254,6 +254,7 @@ Qwen3Model Qwen3Model::load(const std::string& dir) {
     }
   }
 
+  m.tp_ = tp_slice(c, 0, 1);
   // transformers (default RoPE): inv_freq = 1 / base^(arange(0, d, 2).float() / d), all float32.
   m.inv_freq_.resize(size_t(d / 2));
   for (int64_t i = 0; i < d / 2; ++i) {
@@ -272,8 +273,53 @@ int64_t Qwen3Model::parameter_count() const {
   return n;
 }
 
+Qwen3Model Qwen3Model::shard(Collective& group) const {
+  if (group_ != nullptr) throw Error("Qwen3Model::shard: this model is a shard already");
+  const Qwen3Config& c = config_;
+  Qwen3Model m;
+  m.config_ = c;
+  m.tp_ = tp_slice(c, group.rank(), group.ranks());
+  m.group_ = &group;
+  m.inv_freq_ = inv_freq_;
+  m.final_norm_ = final_norm_;
+  const TpSlice& t = m.tp_;
+  const int H = c.hidden_size, d = c.head_dim, nq = c.num_attention_heads, nkv = c.num_key_value_heads;
+  m.embed_ = slice_rows(embed_, H, t.first_vocab, t.vocab);
+  if (!lm_head_.empty()) m.lm_head_ = slice_rows(lm_head_, H, t.first_vocab, t.vocab);
+  m.layers_.resize(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& W = layers_[l];
+    Layer& S = m.layers_[l];
+    S.input_norm = W.input_norm;
+    S.post_norm = W.post_norm;
+    S.q_norm = W.q_norm;
+    S.k_norm = W.k_norm;
+    // QKV (column-parallel): the rank's query heads, then its KV heads' keys and values.
+    S.wqkv = slice_rows(W.wqkv, H, t.first_head * d, t.heads * d);
+    for (int part : {nq, nq + nkv}) {
+      const std::vector<float> kv = slice_rows(W.wqkv, H, (part + t.first_kv_head) * d, t.kv_heads * d);
+      S.wqkv.insert(S.wqkv.end(), kv.begin(), kv.end());
+    }
+    S.wo = slice_cols(W.wo, nq * d, t.first_head * d, t.heads * d);  // row-parallel
+    if (!W.w_gate_up.empty()) {
+      const int I = c.intermediate_size;
+      S.w_gate_up = slice_rows(W.w_gate_up, H, t.first_inter, t.inter);
+      const std::vector<float> up = slice_rows(W.w_gate_up, H, I + t.first_inter, t.inter);
+      S.w_gate_up.insert(S.w_gate_up.end(), up.begin(), up.end());
+      S.w_down = slice_cols(W.w_down, I, t.first_inter, t.inter);
+    }
+    if (!W.router.empty()) {
+      const int EI = c.moe_intermediate_size;
+      S.router = W.router;  // replicated: every rank routes every token
+      S.expert_gate_up = slice_rows(W.expert_gate_up, 2 * EI * H, t.first_expert, t.experts);
+      S.expert_down = slice_rows(W.expert_down, H * EI, t.first_expert, t.experts);
+    }
+  }
+  return m;
+}
+
 AttentionFn Qwen3Model::exact_attention() const {
-  const int heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads, d = config_.head_dim;
+  const int heads = tp_.heads, kv_heads = tp_.kv_heads, d = config_.head_dim;
   return [heads, kv_heads, d](int, const float* q, const float* k, const float* v, int nq, int n, float* out) {
     causal_attention(q, k, v, heads, kv_heads, nq, n - nq, n, d, out);
   };
@@ -317,14 +363,20 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, const KvState* pref
                                                             std::to_string(c.vocab_size) + ")");
   }
   const int H = c.hidden_size, V = c.vocab_size, d = c.head_dim, half = d / 2;
-  const int nq = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int nq = tp_.heads, nkv = tp_.kv_heads;  // this rank's (all of them without tensor parallelism)
   const int qkv_width = (nq + 2 * nkv) * d;
   const float eps = float(c.rms_norm_eps);
   const size_t Ls = size_t(L);
   const int64_t row_chunk = std::max<int64_t>(1, 16384 / H);  // rows per thread worth spawning for
 
-  std::vector<float> h(Ls * H);
-  for (int t = 0; t < L; ++t) std::copy_n(embed_.data() + size_t(tokens[t]) * H, H, h.data() + size_t(t) * H);
+  // The embedding (vocabulary-parallel: a token outside the rank's rows embeds as zeros, the
+  // sum over ranks is its row).
+  std::vector<float> h(Ls * H, 0.0f);
+  for (int t = 0; t < L; ++t) {
+    const int row = tokens[t] - tp_.first_vocab;
+    if (row >= 0 && row < tp_.vocab) std::copy_n(embed_.data() + size_t(row) * H, H, h.data() + size_t(t) * H);
+  }
+  if (group_ != nullptr) group_->all_reduce_sum(h.data(), h.size());
   if (capture != nullptr) capture->hidden_after_embed = h;
 
   // RoPE tables as transformers builds them: angle = float(position) * inv_freq in float32.
@@ -346,7 +398,8 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, const KvState* pref
       for (int64_t t = b; t < e; ++t) rms_norm(h.data() + t * H, weight.data(), H, eps, xn.data() + t * H);
     });
   };
-  auto add_to_h = [&] {
+  auto add_to_h = [&] {  // a row-parallel product's partial sums are summed over the ranks first
+    if (group_ != nullptr) group_->all_reduce_sum(tmp.data(), tmp.size());
     for (size_t i = 0; i < h.size(); ++i) h[i] += tmp[i];
   };
 
@@ -422,9 +475,22 @@ std::vector<float> Qwen3Model::run(const int* tokens, int L, const KvState* pref
   for (int t = first; t < L; ++t) {
     rms_norm(h.data() + size_t(t) * H, final_norm_.data(), H, eps, xn.data() + size_t(t) * H);
   }
-  std::vector<float> logits(size_t(rows) * V);
+  // The LM head: the rank's vocabulary slice of every row, gathered into whole rows.
   const std::vector<float>& head = lm_head_.empty() ? embed_ : lm_head_;
-  linear(xn.data() + size_t(first) * H, head.data(), rows, V, H, logits.data());
+  std::vector<float> logits(size_t(rows) * V);
+  if (group_ == nullptr) {
+    linear(xn.data() + size_t(first) * H, head.data(), rows, V, H, logits.data());
+    return logits;
+  }
+  const int Vr = tp_.vocab;
+  std::vector<float> part(size_t(rows) * Vr), parts(size_t(tp_.ranks) * part.size());
+  linear(xn.data() + size_t(first) * H, head.data(), rows, Vr, H, part.data());
+  group_->all_gather(part.data(), part.size(), parts.data());
+  for (int r = 0; r < tp_.ranks; ++r) {
+    for (int t = 0; t < rows; ++t) {
+      std::copy_n(parts.data() + (size_t(r) * rows + t) * Vr, Vr, logits.data() + size_t(t) * V + size_t(r) * Vr);
+    }
+  }
   return logits;
 }
 
@@ -441,10 +507,10 @@ void Qwen3Model::mlp(const Layer& W, const float* xn, int L, float* out) const {
     moe.hidden = H;
     moe.intermediate = c.moe_intermediate_size;
     moe.normalize_top_k = c.norm_topk_prob;
-    moe_mlp(moe, xn, L, out);
+    moe_mlp_experts(moe, tp_.first_expert, tp_.experts, xn, L, out);
     return;
   }
-  swiglu_mlp(xn, L, H, c.intermediate_size, W.w_gate_up.data(), W.w_down.data(), out);
+  swiglu_mlp(xn, L, H, tp_.inter, W.w_gate_up.data(), W.w_down.data(), out);
 }
 
 std::vector<int> Qwen3Model::generate_greedy(const std::vector<int>& prompt, int new_tokens, bool stop_at_eos) const {

@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "fp4kv/model/collective.h"
 #include "fp4kv/model/qwen3_config.h"
+#include "fp4kv/model/tensor_parallel.h"
 
 namespace fp4kv::model {
 
@@ -75,8 +77,19 @@ class Qwen3Model {
   // per step: no [L][vocab] logits of a long prompt.
   std::vector<float> last_logits(const KvState* prefix, const std::vector<int>& tokens, const AttentionFn& attend,
                                  KvState* state) const;
-  // An AttentionFn that runs exact causal attention with this model's head counts.
+  // An AttentionFn that runs exact causal attention with this model's head counts (a
+  // shard's: its own heads).
   AttentionFn exact_attention() const;
+
+  // Tensor parallelism (tensor_parallel.h): this model's shard for rank group.rank() of
+  // group.ranks(). A shard's forward passes meet the group's other ranks at the all-reduces
+  // (embedding, attention output, MLP) and the LM head's all-gather, so every rank must run
+  // the same calls at the same time (one thread per rank). The logits are the whole
+  // vocabulary's on every rank; AttentionFn and KvState see the rank's heads only. The
+  // group must outlive the shard. Throws fp4kv::Error when the model does not divide.
+  Qwen3Model shard(Collective& group) const;
+  // The part of the model this object holds (the whole model: rank 0 of 1).
+  const TpSlice& tp() const { return tp_; }
 
   // Greedy continuation: returns `new_tokens` argmax tokens appended after `prompt` (stops
   // early at eos when stop_at_eos). The prompt is prefilled once; every further token is
@@ -110,6 +123,10 @@ class Qwen3Model {
   std::vector<float> lm_head_;     // [vocab][hidden]; empty when tied to embed_
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;    // [head_dim / 2], as transformers computes it in float32
+  // Tensor parallelism: the slice held (heads, KV heads, intermediate, experts, vocabulary
+  // rows of embed_ and lm_head_), and the group to meet (null: the whole model).
+  TpSlice tp_;
+  Collective* group_ = nullptr;
 };
 
 }  // namespace fp4kv::model

@@ -16,6 +16,7 @@
 #include <functional>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "fp4kv/engine/cpu_generator.h"
 #include "fp4kv/eval/model_attention.h"
@@ -484,6 +485,24 @@ TEST(ServeCli, DeviceCudaIsTheGpuOrAClearError) {
   EXPECT_TRUE(out.find("no CUDA device") != std::string::npos || out.find("this build has no CUDA") != std::string::npos ||
               out.find("fp32 is the exact reference") != std::string::npos)
       << out;
+}
+
+// --tensor-parallel above 1 ends the command before the port is taken, saying why (the model
+// does not split, or no NCCL / no multi-GPU step), on any machine.
+TEST(ServeCli, TensorParallelAboveOneIsAClearError) {
+  for (const auto& [ranks, message] : {std::pair<int, const char*>{3, "num_key_value_heads 2"}, {2, "NCCL"}}) {
+    const std::string cmd = std::string(FP4KV_CLI) + " serve --model " + FP4KV_SOURCE_DIR +
+                            "/models/pk8l --device cpu --port 0 --tensor-parallel " +
+                            std::to_string(ranks) + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_TRUE(p);
+    std::string out;
+    char buf[256];
+    while (fgets(buf, sizeof buf, p)) out += buf;
+    const int status = pclose(p);
+    EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+    EXPECT_NE(out.find(message), std::string::npos) << out;
+  }
 }
 
 }  // namespace
