@@ -134,6 +134,21 @@ inline nlohmann::json tiny_config(bool tied = true) {
           {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
 }
 
+// Two layers of GQA (4 query heads, 2 KV heads, head_dim 8), hidden 32, MLP 48, vocab 40,
+// untied: big enough for head grouping and multi-layer bugs to show.
+inline nlohmann::json small_config() {
+  nlohmann::json c = tiny_config(/*tied=*/false);
+  c["hidden_size"] = 32;
+  c["intermediate_size"] = 48;
+  c["num_hidden_layers"] = 2;
+  c["num_attention_heads"] = 4;
+  c["num_key_value_heads"] = 2;
+  c["head_dim"] = 8;
+  c["vocab_size"] = 40;
+  c["eos_token_id"] = 39;
+  return c;
+}
+
 // A small Qwen3-MoE config on tiny_config's attention: 8 experts of intermediate 12, 2 per
 // token, renormalized; 2 layers, layer 1 dense (mlp_only_layers) with intermediate 16.
 inline nlohmann::json tiny_moe_config() {

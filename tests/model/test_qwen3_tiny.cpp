@@ -176,19 +176,6 @@ std::vector<double> naive_forward(const json& c, const std::vector<RawTensor>& t
   return matmul(hn, tied ? embed : values(ts, "lm_head.weight"), L, V, H);
 }
 
-json small_config() {
-  json c = tiny_config(/*tied=*/false);
-  c["hidden_size"] = 32;
-  c["intermediate_size"] = 48;
-  c["num_hidden_layers"] = 2;
-  c["num_attention_heads"] = 4;
-  c["num_key_value_heads"] = 2;
-  c["head_dim"] = 8;
-  c["vocab_size"] = 40;
-  c["eos_token_id"] = 39;
-  return c;
-}
-
 TEST(Qwen3Tiny, ExactAttentionMatchesNaiveAcrossBlocks) {
   const int heads = 4, kv_heads = 2, L = 600, d = 16;  // L spans several 256-row blocks
   std::mt19937 rng(7);

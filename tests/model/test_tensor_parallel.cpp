@@ -58,19 +58,6 @@ void expect_same_logits(const std::vector<float>& whole, const std::vector<std::
   for (size_t r = 1; r < per_rank.size(); ++r) EXPECT_EQ(per_rank[r], per_rank[0]) << what << ": rank " << r;
 }
 
-json dense_config() {  // 4 query heads, 2 KV heads, intermediate 48, vocab 40: divides by 2
-  json c = testing::tiny_config(/*tied=*/false);
-  c["hidden_size"] = 32;
-  c["intermediate_size"] = 48;
-  c["num_hidden_layers"] = 2;
-  c["num_attention_heads"] = 4;
-  c["num_key_value_heads"] = 2;
-  c["head_dim"] = 8;
-  c["vocab_size"] = 40;
-  c["eos_token_id"] = 39;
-  return c;
-}
-
 Qwen3Model load_random(const TempDir& dir, const json& c, uint32_t seed) {
   testing::write_checkpoint(dir.str(), c, testing::qwen3_tensors(c, seed));
   return Qwen3Model::load(dir.str());
@@ -134,7 +121,7 @@ TEST(TensorParallel, SlicesAndRefusals) {
 
 TEST(TensorParallel, DenseShardsComputeTheWholeModel) {
   TempDir dir;
-  const Qwen3Model whole = load_random(dir, dense_config(), 5);
+  const Qwen3Model whole = load_random(dir, testing::small_config(), 5);
   const std::vector<int> tokens = some_tokens(23, 40);
   const std::vector<float> want = whole.forward(tokens);
   expect_same_logits(want, on_ranks(whole, 2, [&](const Qwen3Model& m) { return m.forward(tokens); }),

@@ -473,15 +473,21 @@ TEST(ServeCli, ServesAndExitsZeroOnSigterm) {
 // --device cuda is the GPU engine or a clear error, never a silent CPU server: with a bad
 // recipe the command ends at once either way (no device: the device message; a device: the
 // recipe's).
-TEST(ServeCli, DeviceCudaIsTheGpuOrAClearError) {
-  const std::string cmd = std::string(FP4KV_CLI) + " serve --device cuda --kv fp32 --port 0 2>&1";
+// Runs `fp4kv serve ARGS` to its end: the exit code and what it printed (both streams).
+std::pair<int, std::string> serve_to_exit(const std::string& args) {
+  const std::string cmd = std::string(FP4KV_CLI) + " serve " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_TRUE(p);
+  if (p == nullptr) return {-1, "popen failed"};
   std::string out;
   char buf[256];
   while (fgets(buf, sizeof buf, p)) out += buf;
   const int status = pclose(p);
-  EXPECT_EQ(WEXITSTATUS(status), 2);
+  return {WEXITSTATUS(status), out};
+}
+
+TEST(ServeCli, DeviceCudaIsTheGpuOrAClearError) {
+  const auto [code, out] = serve_to_exit("--device cuda --kv fp32 --port 0");
+  EXPECT_EQ(code, 2);
   EXPECT_TRUE(out.find("no CUDA device") != std::string::npos || out.find("this build has no CUDA") != std::string::npos ||
               out.find("fp32 is the exact reference") != std::string::npos)
       << out;
@@ -491,16 +497,10 @@ TEST(ServeCli, DeviceCudaIsTheGpuOrAClearError) {
 // does not split, or no NCCL / no multi-GPU step), on any machine.
 TEST(ServeCli, TensorParallelAboveOneIsAClearError) {
   for (const auto& [ranks, message] : {std::pair<int, const char*>{3, "num_key_value_heads 2"}, {2, "NCCL"}}) {
-    const std::string cmd = std::string(FP4KV_CLI) + " serve --model " + FP4KV_SOURCE_DIR +
-                            "/models/pk8l --device cpu --port 0 --tensor-parallel " +
-                            std::to_string(ranks) + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_TRUE(p);
-    std::string out;
-    char buf[256];
-    while (fgets(buf, sizeof buf, p)) out += buf;
-    const int status = pclose(p);
-    EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+    const auto [code, out] = serve_to_exit("--model " + std::string(FP4KV_SOURCE_DIR) +
+                                           "/models/pk8l --device cpu --port 0 --tensor-parallel " +
+                                           std::to_string(ranks));
+    EXPECT_EQ(code, 2) << out;
     EXPECT_NE(out.find(message), std::string::npos) << out;
   }
 }
