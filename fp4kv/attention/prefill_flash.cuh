@@ -208,7 +208,6 @@ struct TileView {
   bool masked;
 };
 
-template <int M>
 __device__ __forceinline__ TileView view_tile(const FlashArgs& a, int g, int tile, int warp_first_row) {
   TileView v;
   v.scale = a.scale_log2 * (a.tile_k_factor ? a.tile_k_factor[size_t(g) * a.tile_stride + tile] : 1.0f);
@@ -405,7 +404,7 @@ __global__ void __launch_bounds__(kFlashThreads) prefill_flash_kernel(const Flas
         for (int ks = 0; ks < D / 16; ++ks) load_q_fragment<D, M>(q_tile, 0, ks, qf[ks]);
       }
     }
-    const TileView view = view_tile<M>(a, g, i, warp_first_row);
+    const TileView view = view_tile(a, g, i, warp_first_row);
     float s[M][8][4];
     tile_scores<D, M>(qf, q_tile, k_tile(buf), s);
     const float vf = a.tile_v_factor ? a.tile_v_factor[size_t(g) * a.tile_stride + i] : 1.0f;
