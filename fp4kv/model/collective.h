@@ -4,8 +4,8 @@
 //
 // HostGroup: the ranks as threads of one process over host memory. The CPU runner's tensor
 // parallelism and its tests use it (the check that the sharded model computes what the whole
-// one does); the GPU engine's ranks meet through NCCL instead (engine/nccl_group.h, built
-// when NCCL is found).
+// one does). GPU ranks would meet through NCCL on device buffers (docs/DESIGN.md, "Tensor
+// parallelism": not in this version).
 //
 // Determinism: a HostGroup sum adds the ranks' values in rank order on every rank, so all
 // ranks hold bit-identical results (and a 1-rank group is the identity).
