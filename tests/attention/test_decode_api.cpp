@@ -9,6 +9,7 @@
 #include <string>
 
 #include "fp4kv/attention/decode.h"
+#include "fp4kv/attention/mla_decode.h"
 #include "fp4kv/core/error.h"
 
 namespace fp4kv::test {
@@ -75,6 +76,30 @@ TEST(DecodeAttentionApi, BadCapacityThrowsNamingTheValue) {
 TEST(DecodeAttentionApi, ErrorsNameTheRecipe) {
   const std::string msg = construct_error(DecodeGeometry{8, 2, 96}, "mxfp4-native");
   EXPECT_NE(msg.find("mxfp4-native"), std::string::npos) << msg;
+}
+
+// MlaDecodeAttention's checks, on the CPU: each unsupported value named.
+TEST(MlaDecodeApi, UnsupportedShapesAndFormatsAreRefusedByName) {
+  using attention::MlaCapacity;
+  using attention::MlaDecodeAttention;
+  using attention::MlaGeometry;
+  const MlaCapacity cap{4, 8, 4};
+  auto error_of = [](const MlaGeometry& g, KvFormat f, const MlaCapacity& c) -> std::string {
+    try {
+      MlaDecodeAttention::check_supported(g, f, c);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error_of(MlaGeometry{16}, KvFormat::bf16, cap), "");
+  EXPECT_EQ(error_of(MlaGeometry{128}, KvFormat::bf16, cap), "");
+  EXPECT_NE(error_of(MlaGeometry{16}, KvFormat::nvfp4, cap).find("nvfp4"), std::string::npos);
+  EXPECT_NE(error_of(MlaGeometry{24}, KvFormat::bf16, cap).find("heads 24"), std::string::npos);
+  EXPECT_NE(error_of(MlaGeometry{16, 256}, KvFormat::bf16, cap).find("latent_dim 256"), std::string::npos);
+  EXPECT_NE(error_of(MlaGeometry{16}, KvFormat::bf16, MlaCapacity{0, 8, 4}).find("max_batch 0"), std::string::npos);
+  EXPECT_NE(error_of(MlaGeometry{16}, KvFormat::bf16, MlaCapacity{4, 0, 4}).find("max_pages 0"), std::string::npos);
+  EXPECT_NE(error_of(MlaGeometry{16}, KvFormat::bf16, MlaCapacity{4, 8, 0}).find("max_splits 0"), std::string::npos);
 }
 
 }  // namespace
