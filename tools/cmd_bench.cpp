@@ -302,14 +302,17 @@ Action add_bench(CLI::App& app) {
   const Action e2e = add_bench_e2e(*cmd);
   const Action gemm = add_bench_gemm(*cmd);
   const Action prefill = add_bench_prefill(*cmd);
+  const Action mla = add_bench_mla(*cmd);
   CLI::App* step_cmd = cmd->get_subcommand("step");
   CLI::App* gemm_cmd = cmd->get_subcommand("gemm");
   CLI::App* prefill_cmd = cmd->get_subcommand("prefill");
-  return [a, dec, step, e2e, gemm, prefill, step_cmd, gemm_cmd, prefill_cmd] {
+  CLI::App* mla_cmd = cmd->get_subcommand("mla");
+  return [a, dec, step, e2e, gemm, prefill, mla, step_cmd, gemm_cmd, prefill_cmd, mla_cmd] {
     if (dec->parsed()) return run_bench(*a);
     if (step_cmd->parsed()) return step();
     if (gemm_cmd->parsed()) return gemm();
     if (prefill_cmd->parsed()) return prefill();
+    if (mla_cmd->parsed()) return mla();
     return e2e();
   };
 }

@@ -19,11 +19,12 @@ Action add_serve(CLI::App& app);  // `fp4kv serve`: OpenAI-compatible HTTP serve
 Action add_load_test(CLI::App& app);  // `fp4kv load-test`: load run / soak against a server
 #endif
 #ifdef FP4KV_HAVE_CUDA
-Action add_bench(CLI::App& app);  // `fp4kv bench decode|step|e2e|gemm|prefill` (CUDA builds only)
+Action add_bench(CLI::App& app);  // `fp4kv bench decode|step|e2e|gemm|prefill|mla` (CUDA builds only)
 Action add_bench_step(CLI::App& bench);  // `fp4kv bench step`: the GPU engine's decode step
 Action add_bench_e2e(CLI::App& bench);   // `fp4kv bench e2e`: TPOT, throughput, capacity
 Action add_bench_gemm(CLI::App& bench);  // `fp4kv bench gemm`: the step's weight GEMMs
 Action add_bench_prefill(CLI::App& bench);  // `fp4kv bench prefill`: the chunked-prefill attention kernel
+Action add_bench_mla(CLI::App& bench);  // `fp4kv bench mla`: MLA decode over the BF16 latent cache
 #endif
 
 }  // namespace fp4kv::cli
