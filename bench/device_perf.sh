@@ -2,7 +2,7 @@
 # One device call: unpack the carried binaries, SASS counts, the GPU tests,
 # the PyTorch SDPA baseline and the `fp4kv bench decode` sweep (SDPA column merged). The
 # Nsight Compute counters are bench/ncu_decode.sh. Logs and results go to $OUT.
-#   bench/device_perf.sh .devbin/perf.tar.xz [full|tests|bench] [extra bench args...]
+#   bench/device_perf.sh .devbin/perf.tar.xz [full|tests|bench|mla] [extra bench args...]
 # CONTEXTS=4096,131072 limits both the SDPA baseline and the bench to those contexts.
 # SANITIZE / SANITIZE_CACHE: gtest filters of attention / cache tests run under memcheck,
 # racecheck and synccheck (tests mode).
@@ -53,6 +53,11 @@ if [ "$WHAT" != bench ]; then
       echo "cache $tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT"/cache_$tool.log | tail -3
     done
   fi
+fi
+if [ "$WHAT" = mla ]; then  # the MLA decode tests (above) and the BF16 latent baseline's sweep
+  timeout 300 $B/fp4kv_bench bench mla --json "$OUT"/mla.json --markdown "$OUT"/mla.md > "$OUT"/mla.log 2>&1
+  echo "bench mla rc=$?"; cat "$OUT"/mla.log | tail -20
+  exit 0
 fi
 if [ "$WHAT" != tests ]; then
   CTX=${CONTEXTS:+--contexts $CONTEXTS}  # empty: the tools' own default contexts
