@@ -25,7 +25,7 @@ cuobjdump --dump-sass $B/fp4kv_attention_tests > /tmp/new.sass 2>&1
   cat /tmp/new.sass | awk '/Function :/ {n=$3} /LDL|STL/ {c[n]++} END {for (k in c) print "local memory:", k, c[k]}' | grep decode_kernel
 } > "$OUT"/sass.txt 2>&1
 grep -E "^==|per tile|page loop" "$OUT"/sass.txt
-if [ "$WHAT" != bench ]; then
+if [ "$WHAT" != bench ] && [ "$WHAT" != mla ]; then
   $B/fp4kv_attention_fragment_tests 2>&1 | tail -1
   timeout 200 $B/fp4kv_attention_tests > "$OUT"/tests.log 2>&1; echo "attention tests rc=$?"
   grep -E "^\[  (FAILED|PASSED)|Failure|tests ran" "$OUT"/tests.log | head -20
@@ -54,7 +54,8 @@ if [ "$WHAT" != bench ]; then
     done
   fi
 fi
-if [ "$WHAT" = mla ]; then  # the MLA decode tests (above) and the BF16 latent baseline's sweep
+if [ "$WHAT" = mla ]; then  # the MLA decode tests and the BF16 latent baseline's sweep
+  timeout 120 $B/fp4kv_attention_mla_tests 2>&1 | grep -E "^\[  (FAILED|PASSED)|Failure|max error" | head -12
   timeout 300 $B/fp4kv_bench bench mla --json "$OUT"/mla.json --markdown "$OUT"/mla.md > "$OUT"/mla.log 2>&1
   echo "bench mla rc=$?"; cat "$OUT"/mla.log | tail -20
   exit 0
