@@ -40,6 +40,8 @@ void check_recipe(const Recipe& r, const std::string& who) {
           who + "the smoothq query variant is a CPU-reference-only comparison (use the dual-residual query)");
   require(r.prob != ProbFormat::fp4_two_level,
           who + "the twolevel P scaling variant is a CPU-reference-only comparison (use underflow-aware P)");
+  require(r.query != QueryFormat::fp8 && r.prob != ProbFormat::fp8,
+          who + "the fp8qp variant (E4M3 Q and P) is a CPU-reference-only comparison so far (no GPU kernel)");
   if (r.native()) {
     require(fp4(r.kv), who + "native mode (FP4 query and probabilities) needs an nvfp4 or mxfp4 cache, not " +
                            to_string(r.kv));

@@ -95,14 +95,19 @@ void apply_switch(Recipe& r, const std::string& sw, const std::string& preset) {
   } else if (sw == "twolevel") {
     needs(r.native() && r.kv == KvFormat::nvfp4, "NVFP4 probabilities");
     r.prob = ProbFormat::fp4_two_level;
+  } else if (sw == "fp8qp") {
+    needs(r.query == QueryFormat::full && (r.fp4() || r.kv == KvFormat::fp8), "16-bit Q and P on quantized pages");
+    r.query = QueryFormat::fp8;
+    r.prob = ProbFormat::fp8;
   } else {
     throw Error("unknown switch '" + sw +
-                "' (known: no-dualq, no-pscale, no-smooth, no-rotate, no-search, no-sink, no-recent, smoothq, twolevel)");
+                "' (known: no-dualq, no-pscale, no-smooth, no-rotate, no-search, no-sink, no-recent, smoothq, twolevel, "
+                "fp8qp)");
   }
 }
 
 bool is_switch_token(const std::string& t) {
-  return t.rfind("no-", 0) == 0 || t == "smoothq" || t == "twolevel";
+  return t.rfind("no-", 0) == 0 || t == "smoothq" || t == "twolevel" || t == "fp8qp";
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {

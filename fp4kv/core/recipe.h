@@ -25,6 +25,8 @@ enum class QueryFormat {
   fp4,         // one microscaling FP4 vector, standard rule
   dual_fp4,    // dual-residual: q1 = Q(q), q2 = Q(q - q1)
   smooth_fp4,  // comparison variant (paper appendix D): FP4(q - mean over the GQA group)
+  fp8,         // comparison variant (mixed mode on FP8 tensor cores, as TensorRT-LLM's XQA
+               // runs FP8 caches): E4M3 with one FP32 scale per head, amax / 448
 };
 
 // How the probabilities enter P.V.
@@ -33,6 +35,8 @@ enum class ProbFormat {
   fp4_max6,         // standard max/6 block scale
   fp4_underflow,    // underflow-aware: c folded into exp2, kappa 2 below tau, else 6
   fp4_two_level,    // comparison variant (SageAttention3): per-tile FP32 scale to 448*6, then max/6
+  fp8,              // comparison variant with QueryFormat::fp8: E4M3 of p x 2^8 (p <= 1; a fixed
+                    // power-of-two scale), on quantized pages; exact float on BF16 tokens
 };
 
 struct Recipe {
@@ -50,16 +54,19 @@ struct Recipe {
   float tau = 21.0f / 1024.0f;  // underflow-aware P: kappa = 2 when c * max(p_b) <= tau
 
   bool fp4() const { return kv == KvFormat::nvfp4 || kv == KvFormat::mxfp4; }
-  // native: Q and P are FP4 (both products are FP4 x FP4); mixed: they stay 16-bit.
-  bool native() const { return query != QueryFormat::full; }
+  // native: Q and P are FP4 (both products are FP4 x FP4); mixed: they stay 16-bit (or 8-bit
+  // with the fp8qp comparison variant).
+  bool native() const {
+    return query == QueryFormat::fp4 || query == QueryFormat::dual_fp4 || query == QueryFormat::smooth_fp4;
+  }
   bool key_transform() const { return smooth_keys || rotate_keys; }
   int block() const;  // microscaling block size: 16 (NVFP4), 32 (MXFP4), 0 otherwise
 };
 
 // A preset name optionally followed by ":switch,switch,...". Switches turn one part off:
-// no-dualq, no-pscale, no-smooth, no-rotate, no-search, no-sink, no-recent; and two reference-only
-// comparison variants: smoothq (smoothing-Q with the GQA mean instead of dual-residual Q)
-// and twolevel (SageAttention3 two-level P scaling). Throws Error on unknown names or a
+// no-dualq, no-pscale, no-smooth, no-rotate, no-search, no-sink, no-recent; and three reference-only
+// comparison variants: smoothq (smoothing-Q with the GQA mean instead of dual-residual Q),
+// twolevel (SageAttention3 two-level P scaling) and fp8qp (a mixed preset's Q and P in E4M3). Throws Error on unknown names or a
 // switch that does not apply to the preset.
 Recipe parse_recipe(const std::string& spec);
 

@@ -19,6 +19,9 @@ namespace {
 
 constexpr int P = kPageTokens;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// fp8qp probabilities: E4M3(p / 2^-8) x 2^-8. p <= 1 (exp2(s - m)), so p x 2^8 <= 256 < 448;
+// a power of two keeps the scaling exact; p below 2^-17 (E4M3's subnormal floor) is 0.
+constexpr float kFp8ProbScale = 1.0f / 256.0f;
 
 float exp2f_ref(float x) { return float(std::exp2(double(x))); }
 
@@ -39,6 +42,8 @@ float quantize_tile_probs(const float* p, const Recipe& r, float* pq, PBlockStat
   float pv_factor = 1.0f;  // two-level scaling multiplies its P.V partial back
   if (r.prob == ProbFormat::full) {
     for (int i = 0; i < P; ++i) pq[i] = round_operand(p[i]);
+  } else if (r.prob == ProbFormat::fp8) {
+    for (int i = 0; i < P; ++i) pq[i] = fp8_value(fp8_encode(p[i], kFp8ProbScale), kFp8ProbScale);
   } else if (r.kv == KvFormat::nvfp4) {
     float boost = 1.0f;
     if (r.prob == ProbFormat::fp4_two_level) {

@@ -113,7 +113,7 @@ namespace {
 
 const Recipe& check_mla_recipe(const Recipe& r) {
   require(r.kv != KvFormat::fp32, "MLA: fp32 is the exact path (exact_mla), not a cache format");
-  require(r.query != QueryFormat::smooth_fp4 && r.prob != ProbFormat::fp4_two_level,
+  require(r.query != QueryFormat::smooth_fp4 && r.prob != ProbFormat::fp4_two_level && r.query != QueryFormat::fp8,
           "MLA: recipe '" + r.name + "' is a GQA comparison variant with no MLA form");
   return r;
 }

@@ -1,6 +1,8 @@
 // The query side of the CPU reference (query_operand.h).
 #include "fp4kv/ref/query_operand.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "fp4kv/core/block_quant.h"
@@ -76,6 +78,20 @@ std::vector<QueryOperand> make_query_operands(const float* q, int G, int d, cons
         t.expanded.resize(d);
         for (int i = 0; i < d; ++i) t.expanded[i] = round_operand(op.full[i]);
         t.dequant = t.expanded;
+        op.terms.push_back(std::move(t));
+        break;
+      }
+      case QueryFormat::fp8: {  // E4M3 codes with the head's FP32 scale amax / 448
+        float amax = 0.0f;
+        for (float x : op.full) amax = std::max(amax, std::fabs(x));
+        Fp4Term t;
+        t.g = fp8_slice_scale(amax);
+        t.expanded.resize(d);
+        t.dequant.resize(d);
+        for (int i = 0; i < d; ++i) {
+          t.expanded[i] = e4m3_value(fp8_encode(op.full[i], t.g));
+          t.dequant[i] = mul_rn(t.expanded[i], t.g);
+        }
         op.terms.push_back(std::move(t));
         break;
       }

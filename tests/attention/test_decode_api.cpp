@@ -54,6 +54,7 @@ TEST(DecodeAttentionApi, SupportedCombinationsPassTheChecks) {
 TEST(DecodeAttentionApi, UnsupportedRecipesThrowBeforeAnyDeviceCall) {
   expect_rejected(kGeometry, "nvfp4-native:smoothq", "CPU-reference-only");
   expect_rejected(kGeometry, "nvfp4-native:twolevel", "CPU-reference-only");
+  expect_rejected(kGeometry, "nvfp4:fp8qp", "CPU-reference-only");
   expect_rejected(kGeometry, "fp32", "fp32");
 }
 

@@ -46,6 +46,12 @@ TEST(Recipe, AblationSwitches) {
   EXPECT_FALSE(parse_recipe("fp8:no-recent").bf16_recent);
   EXPECT_EQ(parse_recipe("nvfp4-native:smoothq").query, QueryFormat::smooth_fp4);
   EXPECT_EQ(parse_recipe("nvfp4-native:twolevel").prob, ProbFormat::fp4_two_level);
+  for (const char* mixed : {"nvfp4:fp8qp", "mxfp4-vanilla:fp8qp", "fp8:fp8qp"}) {
+    const Recipe q = parse_recipe(mixed);
+    EXPECT_EQ(q.query, QueryFormat::fp8) << mixed;
+    EXPECT_EQ(q.prob, ProbFormat::fp8) << mixed;
+    EXPECT_FALSE(q.native()) << mixed << ": FP8 operands are a mixed mode";
+  }
 }
 
 TEST(Recipe, ListSplitsOnPresetNames) {
@@ -71,6 +77,8 @@ TEST(Recipe, BadNamesAreClearErrors) {
   EXPECT_NE(message("bf16:no-recent").find("does not apply"), std::string::npos);
   EXPECT_NE(message("fp8:no-sink").find("does not apply"), std::string::npos);
   EXPECT_NE(message("mxfp4-native:twolevel").find("does not apply"), std::string::npos);
+  EXPECT_NE(message("nvfp4-native:fp8qp").find("does not apply"), std::string::npos);
+  EXPECT_NE(message("bf16:fp8qp").find("does not apply"), std::string::npos);
   EXPECT_NE(message("no-sink").find("must follow"), std::string::npos);
   EXPECT_NE(message("nvfp4-native:").find("no switch"), std::string::npos);
   EXPECT_NE(message("bf16,,fp8").find("empty entry"), std::string::npos);

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <limits>
 
 #include "fp4kv/core/error.h"
@@ -58,6 +60,37 @@ TEST(QuantizedAttention, Bf16CacheIsCloseToExact) {
   const AttentionOutput b = decode_attention(s.q.data(), 2, s.k.data(), s.v.data(), 700, 128, parse_recipe("bf16"));
   EXPECT_LT(rel_error(b.out, e.out), 5e-3);
   EXPECT_GT(rel_error(b.out, e.out), 1e-6);  // BF16 rounding is really applied
+}
+
+// fp8qp: a mixed preset's Q and P in E4M3 (Q with its head's amax / 448 scale, P as
+// E4M3(p x 2^8) x 2^-8) on the quantized pages. Against the same cache read with FP16
+// operands the output moves by the operands' rounding: E4M3 keeps 3 mantissa bits (relative
+// error <= 2^-4 per element), and the errors of 128 channels and hundreds of probabilities
+// largely average out: ~4 % on this synthetic data with the rotation (nvfp4, mxfp4), ~10 %
+// without it (fp8: an outlier channel sets the head's scale and the others keep fewer
+// bits). The bound 0.2 sits far below what a wrong scale or a missing token does (O(1)).
+// On BF16 tokens both run the same exact float math: a sequence short enough to live in
+// the BF16 rows gives the same bits.
+TEST(QuantizedAttention, Fp8QueryAndProbabilitiesStayNearTheMixedPreset) {
+  const auto s = test::make_synthetic(1000, 128, 4, 5, 2.0f);
+  const AttentionOutput e = exact_attention(s.q.data(), 4, s.k.data(), s.v.data(), 1000, 128);
+  auto run = [&](const std::string& name) {
+    return decode_attention(s.q.data(), 4, s.k.data(), s.v.data(), 1000, 128, parse_recipe(name), s.mu.data());
+  };
+  for (const std::string base : {"nvfp4", "mxfp4", "fp8"}) {
+    const AttentionOutput mixed = run(base), fp8qp = run(base + ":fp8qp");
+    const double moved = rel_error(fp8qp.out, mixed.out);
+    std::printf("%-6s output rel. error against exact %.3g, with fp8qp %.3g; fp8qp against %s: %.3g\n",
+                base.c_str(), rel_error(mixed.out, e.out), rel_error(fp8qp.out, e.out), base.c_str(), moved);
+    EXPECT_GT(moved, 1e-4) << base << ": the E4M3 operands are really applied";
+    EXPECT_LT(moved, 0.2) << base;
+  }
+  const auto short_seq = test::make_synthetic(100, 128, 4, 6, 2.0f);  // BF16 sink + recent rows only
+  const auto a = decode_attention(short_seq.q.data(), 4, short_seq.k.data(), short_seq.v.data(), 100, 128,
+                                  parse_recipe("nvfp4"), short_seq.mu.data());
+  const auto b = decode_attention(short_seq.q.data(), 4, short_seq.k.data(), short_seq.v.data(), 100, 128,
+                                  parse_recipe("nvfp4:fp8qp"), short_seq.mu.data());
+  EXPECT_EQ(a.out, b.out);
 }
 
 // The split plan changes only where the running maximum resets: mixed mode stays within

@@ -156,7 +156,7 @@ TEST(MlaReference, ErrorAnalysisOnStructuredLatents) {
 
 TEST(MlaReference, RecipesWithoutAnMlaFormAreRefused) {
   const Latents s = make_latents(8, 4);
-  for (const char* r : {"fp32", "nvfp4-native:smoothq", "nvfp4-native:twolevel"})
+  for (const char* r : {"fp32", "nvfp4-native:smoothq", "nvfp4-native:twolevel", "nvfp4:fp8qp"})
     EXPECT_THROW(MlaSequence(s.c.data(), s.r.data(), s.n, s.shape, parse_recipe(r), s.mu.data()), Error) << r;
   const MlaSequence seq(s.c.data(), s.r.data(), s.n, s.shape, parse_recipe("nvfp4"), s.mu.data());
   EXPECT_THROW(seq.decode(s.q_c.data(), s.q_r.data(), kHeads, 9), Error);  // beyond the sequence
