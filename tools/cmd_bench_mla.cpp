@@ -41,7 +41,7 @@ struct MlaPoint {
   bool skipped = false;
 };
 
-constexpr int kTargetCtasPerSm = 2;
+constexpr int kTargetCtasPerSm = 2;  // two waves of the one-CTA-per-SM kernel: a short tail
 
 MlaPoint measure(const MlaBenchArgs& A, int heads, int context, int batch, int sms) {
   MlaPoint pt;
@@ -58,7 +58,8 @@ MlaPoint measure(const MlaBenchArgs& A, int heads, int context, int batch, int s
     return pt;
   }
   pt.copies = int(std::clamp(std::ceil(A.rotate_gb * 1e9 / copy_bytes), 1.0, std::floor(budget / copy_bytes)));
-  const int tiles = (context + 63) / 64, head_tiles = heads / 16;
+  const int tiles = (context + attention::kMlaTileTokens - 1) / attention::kMlaTileTokens;
+  const int head_tiles = heads / attention::kMlaHeadsPerCta;
   pt.splits = std::clamp((kTargetCtasPerSm * sms + batch * head_tiles - 1) / (batch * head_tiles), 1, tiles);
   const long long blocks = (long long)batch * pages * pt.copies;
   DeviceBuffer<uint8_t> pool(size_t(blocks) * L.bytes);

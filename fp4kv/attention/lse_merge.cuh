@@ -15,12 +15,16 @@ namespace fp4kv::attention::detail {
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
-// Running merge of partials (o_s, lse_s) against a fixed maximum `big` (base 2): weight
-// w_s = 2^(lse_s - big) (0 for an empty partial, lse -inf), acc = sum w_s o_s.
+// The weight of a partial with LSE `lse` (base 2) against the fixed maximum `big`:
+// 2^(lse - big), 0 for an empty partial (lse -inf).
+__device__ __forceinline__ float merge_weight(float lse, float big) { return lse == neg_inf() ? 0.0f : exp2f(lse - big); }
+
+// Running merge of partials (o_s, lse_s) against a fixed maximum `big` (base 2):
+// acc = sum w_s o_s with w_s = merge_weight(lse_s, big).
 struct MergeState {
   float big, wsum, acc;
   __device__ __forceinline__ void add(float lse, float o) {
-    const float w = lse == neg_inf() ? 0.0f : exp2f(lse - big);
+    const float w = merge_weight(lse, big);
     wsum += w;
     acc = fmaf(w, o, acc);
   }

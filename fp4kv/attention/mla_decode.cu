@@ -20,6 +20,7 @@
 #include <string>
 
 #include "fp4kv/attention/device_common.cuh"
+#include "fp4kv/attention/lse_merge.cuh"
 #include "fp4kv/attention/mla_decode.h"
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
@@ -29,8 +30,7 @@ namespace detail {
 namespace {
 
 constexpr int kMlaLatent = 512, kMlaRope = 64, kMlaQk = kMlaLatent + kMlaRope;
-constexpr int kMlaHeadsPerCta = 16;  // one m16 tile
-constexpr int kMlaTileTokens = 64;   // half a page
+constexpr int kTilesPerPage = kPageTokens / kMlaTileTokens;
 constexpr int kMlaWarps = 8;         // S: 8 tokens each; P.C: 64 channels each
 constexpr int kMlaThreads = kMlaWarps * 32;
 constexpr int kChunkBf16 = 8;        // BF16 values per 16-byte chunk
@@ -99,7 +99,7 @@ __device__ __forceinline__ void load_queries(const MlaArgs& a, int row, int h0, 
 
 // Copies tile `tile` of the row (C and R of 64 tokens; rows past the row's end zero-filled).
 __device__ __forceinline__ void load_tile(const MlaArgs& a, int row, int tile, int n, uint32_t stage) {
-  const int page = tile / 2, first_token = (tile % 2) * kMlaTileTokens;
+  const int page = tile / kTilesPerPage, first_token = (tile % kTilesPerPage) * kMlaTileTokens;
   const int valid = min(kMlaTileTokens, n - tile * kMlaTileTokens);
   const uint8_t* base = a.pool + size_t(a.block_tables[size_t(row) * a.max_pages + page]) * size_t(a.block_stride);
   constexpr int kCChunks = kMlaLatent / kChunkBf16, kRChunks = kMlaRope / kChunkBf16;
@@ -264,41 +264,46 @@ __global__ void __launch_bounds__(kMlaThreads) mla_bf16_split_kernel(const MlaAr
 }
 
 constexpr int kCombineThreads = 128;
+constexpr int kCombineChannels = kMlaLatent / kCombineThreads;  // per thread
 
-// Grid (batch * heads): the splits of one head merged by LSE; the natural-log LSE.
+// Grid (batch * heads): the splits of one head merged by LSE (lse_merge.cuh's weights, each
+// computed once per split); the natural-log LSE.
 template <bool kBf16Out>
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const float* partial_out, const float* partial_lse,
                                                                       int splits, void* out, float* lse) {
   const size_t head = blockIdx.x;
   const float* lses = partial_lse + head * splits;
-  float m = neg_inf();
-  for (int s = 0; s < splits; ++s) m = fmaxf(m, lses[s]);
-  const float mz = m == neg_inf() ? 0.0f : m;
-  float wsum = 0.0f;
-  for (int s = 0; s < splits; ++s) wsum += fast_exp2(lses[s] - mz);
-  const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-  for (int c = threadIdx.x; c < kMlaLatent; c += kCombineThreads) {
-    float acc = 0.0f;
-    for (int s = 0; s < splits; ++s) acc = fmaf(fast_exp2(lses[s] - mz), partial_out[(head * splits + s) * kMlaLatent + c], acc);
-    const float v = acc * inv;
-    if constexpr (kBf16Out) static_cast<__nv_bfloat16*>(out)[head * kMlaLatent + c] = __float2bfloat16_rn(v);
-    else static_cast<float*>(out)[head * kMlaLatent + c] = v;
+  float big = neg_inf();
+  for (int s = 0; s < splits; ++s) big = fmaxf(big, lses[s]);
+  float wsum = 0.0f, acc[kCombineChannels] = {};
+  for (int s = 0; s < splits; ++s) {
+    const float w = merge_weight(lses[s], big);
+    wsum += w;
+    const float* o = partial_out + (head * splits + s) * kMlaLatent + threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < kCombineChannels; ++k) acc[k] = fmaf(w, o[k * kCombineThreads], acc[k]);
   }
-  if (threadIdx.x == 0 && lse != nullptr) lse[head] = wsum > 0.0f ? (m + __log2f(wsum)) * kLn2 : neg_inf();
+  const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+#pragma unroll
+  for (int k = 0; k < kCombineChannels; ++k) {
+    const size_t i = head * kMlaLatent + threadIdx.x + k * kCombineThreads;
+    if constexpr (kBf16Out) static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(acc[k] * inv);
+    else static_cast<float*>(out)[i] = acc[k] * inv;
+  }
+  if (threadIdx.x == 0 && lse != nullptr) lse[head] = wsum > 0.0f ? (big + __log2f(wsum)) * kLn2 : neg_inf();
 }
 
 }  // namespace
 }  // namespace detail
 
 void MlaDecodeAttention::check_supported(const MlaGeometry& g, KvFormat format, const MlaCapacity& c) {
-  using detail::kMlaHeadsPerCta;
   if (format != KvFormat::bf16)
     throw Error("MlaDecodeAttention: the " + to_string(format) +
                 " latent cache has no decode kernel yet (bf16 only)");
   if (g.latent_dim != detail::kMlaLatent || g.rope_dim != detail::kMlaRope)
     throw Error("MlaDecodeAttention: latent_dim " + std::to_string(g.latent_dim) + " and rope_dim " +
                 std::to_string(g.rope_dim) + " (supported: 512 and 64, DeepSeek-V2/V3)");
-  if (g.heads < kMlaHeadsPerCta || g.heads % kMlaHeadsPerCta != 0 || g.heads > 128 * kMlaHeadsPerCta)
+  if (g.heads < kMlaHeadsPerCta || g.heads % kMlaHeadsPerCta != 0 || g.heads > kMlaMaxHeads)
     throw Error("MlaDecodeAttention: heads " + std::to_string(g.heads) + " (a multiple of 16)");
   if (g.nope_dim < 1) throw Error("MlaDecodeAttention: nope_dim " + std::to_string(g.nope_dim) + " (at least 1)");
   if (c.max_batch < 1 || c.max_batch > 65535)
@@ -354,7 +359,7 @@ void MlaDecodeAttention::run_typed(const MlaStep& step, const __nv_bfloat16* q_c
   a.scale_log2 = detail::kLog2e / std::sqrt(float(geometry_.nope_dim + geometry_.rope_dim));
   a.partial_out = partial_out_;
   a.partial_lse = partial_lse_;
-  const dim3 grid(step.batch, geometry_.heads / detail::kMlaHeadsPerCta, step.splits);
+  const dim3 grid(step.batch, geometry_.heads / kMlaHeadsPerCta, step.splits);
   detail::mla_bf16_split_kernel<<<grid, detail::kMlaThreads, detail::kMlaSmemBytes, stream>>>(a);
   const unsigned heads = unsigned(step.batch) * geometry_.heads;
   if (bf16_out) {

@@ -32,6 +32,10 @@
 
 namespace fp4kv::attention {
 
+inline constexpr int kMlaHeadsPerCta = 16;  // one MMA m-tile: a CTA's heads
+inline constexpr int kMlaTileTokens = 64;   // tokens per shared-memory tile (half a page)
+inline constexpr int kMlaMaxHeads = 2048;   // far above any MLA model (DeepSeek-V3: 128 heads)
+
 struct MlaGeometry {
   int heads = 0;          // query heads sharing the latent (a multiple of 16)
   int latent_dim = 512;   // d_c

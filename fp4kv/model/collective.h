@@ -43,7 +43,6 @@ class HostGroup {
 
  private:
   class Member;
-  friend class Member;
   std::barrier<> arrive_, leave_;             // every rank posted its buffer / every rank is done reading
   std::vector<const float*> posted_;           // per rank: the buffer of the current operation
   std::vector<std::unique_ptr<Member>> members_;
