@@ -1,5 +1,5 @@
-// The property an FP8 tensor-core path over FP4 data rests on (issue: decode kernels round 2,
-// core/fp4_as_fp8.h): an E2M1 code placed into an E4M3 byte is its value times 2^-6, so one
+// The property an FP8 tensor-core path over FP4 data rests on (docs/DESIGN.md, "FP8 tensor cores
+// for FP4 data"; core/fp4_as_fp8.h): an E2M1 code placed into an E4M3 byte is its value times 2^-6, so one
 // mma.sync.m16n8k32 (E4M3 x E4M3, FP32 accumulate) of such bytes computes 2^-12 times a sum
 // of 32 products of E2M1 values. Each product is a multiple of 1/4 of magnitude at most 36,
 // so a sum of 32 is a multiple of 1/4 below 1152: 13 significant bits. The path is exact only
