@@ -30,7 +30,7 @@ if [ "$WHAT" != bench ] && [ "$WHAT" != mla ]; then
   timeout 200 $B/fp4kv_attention_tests > "$OUT"/tests.log 2>&1; echo "attention tests rc=$?"
   grep -E "^\[  (FAILED|PASSED)|Failure|tests ran" "$OUT"/tests.log | head -20
   timeout 120 $B/fp4kv_attention_mla_tests > /tmp/mla.log 2>&1; st=$?; cat /tmp/mla.log >> "$OUT"/tests.log; (exit $st); echo "mla tests rc=$?"
-  grep -E "^\[  (FAILED|PASSED)|Failure|max error" /tmp/mla.log | head -12
+  grep -E "^\[  (FAILED|PASSED)|Failure|error" /tmp/mla.log | head -70
   timeout 120 compute-sanitizer --tool memcheck $B/fp4kv_attention_mla_tests 2>&1 | grep -E "ERROR SUMMARY" | tail -1
   timeout 120 $B/fp4kv_attention_step_tests > /tmp/step.log 2>&1; st=$?; cat /tmp/step.log >> "$OUT"/tests.log; (exit $st); echo "step tests rc=$?"
   grep -E "^\[  (FAILED|PASSED)|Failure|tests ran" /tmp/step.log | head -10

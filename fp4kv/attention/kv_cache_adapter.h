@@ -5,6 +5,7 @@
 #pragma once
 
 #include "fp4kv/attention/decode.h"
+#include "fp4kv/attention/mla_decode.h"
 #include "fp4kv/cache/kv_cache.h"
 
 namespace fp4kv::attention {
@@ -42,6 +43,25 @@ inline DecodeLayerView layer_view(const cache::KvCache& c, int layer) {
   v.slots = cfg.max_slots;
   v.mu_k = c.mu_k_device() ? c.mu_k_device() + size_t(layer) * cfg.kv_heads * cfg.head_dim : nullptr;
   return v;
+}
+
+// MLA: one layer of a latent cache (KvCacheConfig::rope_dim > 0) as MlaDecodeAttention's step,
+// after the cache's begin_step (its plan holds each row's slot); `splits` per row.
+inline MlaStep mla_step(const cache::KvCache& c, int layer, const int32_t* block_tables, const int32_t* seq_lens,
+                        int batch, int splits) {
+  MlaStep s;
+  s.pool = c.pool(layer);
+  s.block_stride = c.block_stride();
+  s.block_tables = block_tables;
+  s.seq_lens = seq_lens;
+  s.batch = batch;
+  s.splits = splits;
+  if (c.layout().format != KvFormat::bf16) {
+    s.slot_rows = c.latent_slot_rows(layer);
+    s.row_slot = c.plan().row_slot;
+  }
+  s.mu_c = c.mu_k_device() ? c.mu_k_device() + size_t(layer) * c.config().head_dim : nullptr;
+  return s;
 }
 
 }  // namespace fp4kv::attention

@@ -1,17 +1,12 @@
-// MLA decode over the BF16 latent cache (mla_decode.h): the split kernel and the combine.
+// MLA decode (mla_decode.h): the split kernel per cache format and the combine.
 //
-// A CTA: one batch row, 16 heads (one MMA m-tile), one split of the row's 64-token tiles
-// (half pages). Shared memory: Q = [q_c q_r] of the 16 heads [16][576]; two stages of a
-// tile's latent C [64][512] and positional keys R [64][64]; P [16][64]; per-warp row maxima
-// and sums. Every row of 16-byte chunks is XOR-swizzled by row % 8, so the eight rows an
-// ldmatrix phase reads hit eight different bank groups.
-//
-// Per tile (three barriers): (0) the tile has landed; the next tile's copy starts into the
-// other stage (every warp is past the tile that used it). (S) warp w: S[16 heads][8 tokens]
-// = Q [C R]^T over k = 576 for tokens 8w .. 8w + 7; its row maxima to shared memory. (A) the
-// tile maxima: the new running maxima, P = exp2(S - m) as BF16 into shared memory, row sums.
-// (B) warp w: O[16][64 channels 64w ..] = alpha O + P C over the 64 tokens, C as the B
-// operand by transposing ldmatrix.
+// A split CTA: one batch row, 16 heads (one MMA m-tile), one split of the row's 64-token page
+// tiles, or (FP4 caches, z == splits) the row's BF16 slot rows. Per tile (barriers in
+// brackets): [0] the tile has landed and every warp is past the stage the next copy reuses;
+// FP4: the codes expand into the FP16 C tile [expanded]; S for warp w's 8 tokens, its row
+// maxima to shared memory [A] the tile maxima, new running maxima, P into shared memory, row
+// sums [B] O[16][64 channels of warp w] = rescale O + P C. O stays in units of the current
+// page factor f (FP4: g x 2^14; 1 for BF16 rows): a new page rescales it by alpha f_old / f.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -19,9 +14,9 @@
 #include <cstdint>
 #include <string>
 
-#include "fp4kv/attention/device_common.cuh"
 #include "fp4kv/attention/lse_merge.cuh"
 #include "fp4kv/attention/mla_decode.h"
+#include "fp4kv/attention/mla_tiles.cuh"
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
 
@@ -29,277 +24,328 @@ namespace fp4kv::attention {
 namespace detail {
 namespace {
 
-constexpr int kMlaLatent = 512, kMlaRope = 64, kMlaQk = kMlaLatent + kMlaRope;
-constexpr int kTilesPerPage = kPageTokens / kMlaTileTokens;
-constexpr int kMlaWarps = 8;         // S: 8 tokens each; P.C: 64 channels each
-constexpr int kMlaThreads = kMlaWarps * 32;
-constexpr int kChunkBf16 = 8;        // BF16 values per 16-byte chunk
-
-// Shared-memory plan (bytes).
-constexpr int kQBytes = kMlaHeadsPerCta * kMlaQk * 2;
-constexpr int kCBytes = kMlaTileTokens * kMlaLatent * 2;
-constexpr int kRBytes = kMlaTileTokens * kMlaRope * 2;
-constexpr int kStageBytes = kCBytes + kRBytes;
-constexpr int kPBytes = kMlaHeadsPerCta * kMlaTileTokens * 2;
-constexpr int kRedBytes = kMlaWarps * kMlaHeadsPerCta * 4;
-constexpr int kQOff = 0, kStageOff = kQOff + kQBytes, kPOff = kStageOff + 2 * kStageBytes;
-constexpr int kMaxOff = kPOff + kPBytes, kSumOff = kMaxOff + kRedBytes;
-constexpr int kMlaSmemBytes = kSumOff + kRedBytes;
-
-// The shared-memory address of stage i % 2.
-__device__ __forceinline__ uint32_t stage_addr(uint8_t* smem, int i) {
-  return smem_u32(smem + kStageOff + (i % 2) * kStageBytes);
-}
-
-// Byte offset of chunk `ch` of row `row` in a tile of `chunks` chunks per row.
-__device__ __forceinline__ uint32_t swizzled(int row, int ch, int chunks) {
-  return uint32_t((row * chunks + (ch ^ (row % 8))) * 16);
-}
-
 struct MlaArgs {
   const uint8_t* pool = nullptr;
   long long block_stride = 0;
   const int32_t* block_tables = nullptr;
   const int32_t* seq_lens = nullptr;
   int max_pages = 0, heads = 0, splits = 1;
-  int c_offset = 0, r_offset = 0;  // the page's latent and positional rows (LatentPageLayout)
-  const __nv_bfloat16* q_c = nullptr;
-  const __nv_bfloat16* q_r = nullptr;
+  int parts = 1;                    // partials per head: splits (+ 1 for FP4 caches' slot rows)
+  cache::LatentPageLayout layout;
+  QueryArgs query;
+  const uint16_t* slot_rows = nullptr;  // [slots][144][576] BF16 bits
+  const int32_t* row_slot = nullptr;
+  bool sink = false, recent = true;     // the recipe's BF16 rows (split_plan.h attended_layout)
   float scale_log2 = 0.0f;          // log2(e) / sqrt(d_nope + d_r)
-  float* partial_out = nullptr;     // [batch][heads][splits][512]
-  float* partial_lse = nullptr;     // [batch][heads][splits], log2 units
+  float scale = 0.0f;               // 1 / sqrt(d_nope + d_r)
+  float* partial_out = nullptr;     // [batch][heads][parts][512]
+  float* partial_lse = nullptr;     // [batch][heads][parts], log2 units
+  float* lse_shift = nullptr;       // [batch][heads], nats
 };
 
-// The tiles [first, end) of a row's split, and the row's length.
-struct MlaSplit {
-  int n = 0, first = 0, end = 0;
-};
-
-__device__ __forceinline__ MlaSplit split_of(const MlaArgs& a, int row, int split) {
-  MlaSplit s;
-  s.n = min(max(a.seq_lens[row], 0), a.max_pages * kPageTokens);  // a row ends at its table's last page
-  const int tiles = (s.n + kMlaTileTokens - 1) / kMlaTileTokens;
-  const int per = (tiles + a.splits - 1) / a.splits;
-  s.first = min(tiles, split * per);
-  s.end = min(tiles, s.first + per);
-  return s;
-}
-
-// Copies the 16 heads' [q_c q_r] into the Q tile.
-__device__ __forceinline__ void load_queries(const MlaArgs& a, int row, int h0, uint32_t q_tile) {
-  constexpr int kChunks = kMlaQk / kChunkBf16;  // 72 per head
-  for (int i = threadIdx.x; i < kMlaHeadsPerCta * kChunks; i += kMlaThreads) {
-    const int r = i / kChunks, ch = i % kChunks;
-    const size_t head = size_t(row) * a.heads + h0 + r;
-    const __nv_bfloat16* src = ch < kMlaLatent / kChunkBf16 ? a.q_c + head * kMlaLatent + ch * kChunkBf16
-                                                            : a.q_r + head * kMlaRope + (ch - kMlaLatent / kChunkBf16) * kChunkBf16;
-    cp_async16(q_tile + swizzled(r, ch, kChunks), src);
-  }
-}
-
-// Copies tile `tile` of the row (C and R of 64 tokens; rows past the row's end zero-filled).
-__device__ __forceinline__ void load_tile(const MlaArgs& a, int row, int tile, int n, uint32_t stage) {
-  const int page = tile / kTilesPerPage, first_token = (tile % kTilesPerPage) * kMlaTileTokens;
-  const int valid = min(kMlaTileTokens, n - tile * kMlaTileTokens);
-  const uint8_t* base = a.pool + size_t(a.block_tables[size_t(row) * a.max_pages + page]) * size_t(a.block_stride);
-  constexpr int kCChunks = kMlaLatent / kChunkBf16, kRChunks = kMlaRope / kChunkBf16;
-  for (int i = threadIdx.x; i < kMlaTileTokens * kCChunks; i += kMlaThreads) {
-    const int r = i / kCChunks, ch = i % kCChunks;
-    const uint8_t* src = base + a.c_offset + ((first_token + r) * kMlaLatent + ch * kChunkBf16) * 2;
-    cp_async16(stage + swizzled(r, ch, kCChunks), r < valid ? src : base, r < valid ? 16 : 0);
-  }
-  for (int i = threadIdx.x; i < kMlaTileTokens * kRChunks; i += kMlaThreads) {
-    const int r = i / kRChunks, ch = i % kRChunks;
-    const uint8_t* src = base + a.r_offset + ((first_token + r) * kMlaRope + ch * kChunkBf16) * 2;
-    cp_async16(stage + kCBytes + swizzled(r, ch, kRChunks), r < valid ? src : base, r < valid ? 16 : 0);
-  }
-}
-
-// S[16 heads][8 tokens 8w ..] = Q [C R]^T of the warp's tokens, raw (unscaled).
-__device__ __forceinline__ void tile_scores(uint32_t q_tile, uint32_t stage, float (&s)[4]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr int kQChunks = kMlaQk / kChunkBf16, kCChunks = kMlaLatent / kChunkBf16, kRChunks = kMlaRope / kChunkBf16;
-  s[0] = s[1] = s[2] = s[3] = 0.0f;
-  const int key_row = warp * 8 + lane % 8;
-#pragma unroll 4
-  for (int kp = 0; kp < kMlaQk / 32; ++kp) {  // two k-steps of 16 per iteration
-    uint32_t b[4];  // k-step 2kp: b[0], b[1]; 2kp + 1: b[2], b[3]
-    const int ch = 4 * kp + lane / 8;  // chunk of the key row this lane addresses
-    if (4 * kp < kCChunks) {
-      ldmatrix_x4(b, stage + swizzled(key_row, ch, kCChunks));
-    } else {
-      ldmatrix_x4(b, stage + kCBytes + swizzled(key_row, ch - kCChunks, kRChunks));
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint32_t qa[4];
-      ldmatrix_x4(qa, q_tile + swizzled(lane % 16, 2 * (2 * kp + half) + lane / 16, kQChunks));
-      mma_bf16(s, qa, b[2 * half], b[2 * half + 1]);
-    }
-  }
-}
-
-// The running softmax of the thread's two rows (heads g and g + 8 of the tile).
-struct MlaSoftmax {
-  float m[2], l[2];
-};
-
-// From raw scores to P in shared memory: masks tokens past the row's end, the tile maxima
-// across warps, the new maxima and alpha (returned), P = exp2(S - m) as BF16, the row sums.
-__device__ __forceinline__ void tile_softmax(const MlaArgs& a, int valid, float (&s)[4], uint8_t* smem,
-                                             MlaSoftmax& st, float (&alpha)[2]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  float* red_max = reinterpret_cast<float*>(smem + kMaxOff);
-  float* red_sum = reinterpret_cast<float*>(smem + kSumOff);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int token = warp * 8 + 2 * t + e % 2;
-    s[e] = token < valid ? s[e] * a.scale_log2 : neg_inf();
-  }
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float mx = fmaxf(s[2 * rr], s[2 * rr + 1]);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    if (t == 0) red_max[warp * kMlaHeadsPerCta + g + 8 * rr] = mx;
-  }
-  __syncthreads();  // (A)
-  uint32_t* p_words = reinterpret_cast<uint32_t*>(smem + kPOff);
-  constexpr int kPChunks = kMlaTileTokens / kChunkBf16;
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int head = g + 8 * rr;
-    float mx = neg_inf();
-    for (int w = 0; w < kMlaWarps; ++w) mx = fmaxf(mx, red_max[w * kMlaHeadsPerCta + head]);
-    const float mn = fmaxf(st.m[rr], mx);
-    const float mz = mn == neg_inf() ? 0.0f : mn;  // nothing visible yet: p = 0, alpha = 0
-    alpha[rr] = fast_exp2(st.m[rr] - mz);
-    st.m[rr] = mn;
-    const float p0 = fast_exp2(s[2 * rr] - mz), p1 = fast_exp2(s[2 * rr + 1] - mz);
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(p0, p1);
-    const int token = warp * 8 + 2 * t;
-    p_words[(swizzled(head, token / kChunkBf16, kPChunks) + (token % kChunkBf16) * 2) / 4] =
-        *reinterpret_cast<const uint32_t*>(&pair);
-    float sum = p0 + p1;
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if (t == 0) red_sum[warp * kMlaHeadsPerCta + head] = sum;
-  }
-  __syncthreads();  // (B)
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float sum = 0.0f;
-    for (int w = 0; w < kMlaWarps; ++w) sum += red_sum[w * kMlaHeadsPerCta + g + 8 * rr];
-    st.l[rr] = fmaf(st.l[rr], alpha[rr], sum);
-  }
-}
-
-// O[16][64 channels of warp w] = alpha O + P C over the tile's 64 tokens.
-__device__ __forceinline__ void tile_context(uint32_t p_tile, uint32_t stage, const float (&alpha)[2],
-                                             float (&o)[8][4]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr int kPChunks = kMlaTileTokens / kChunkBf16, kCChunks = kMlaLatent / kChunkBf16;
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[nt][e] *= alpha[e / 2];
-#pragma unroll
-  for (int kk = 0; kk < kMlaTileTokens / 16; ++kk) {
-    uint32_t pa[4];
-    ldmatrix_x4(pa, p_tile + swizzled(lane % 16, 2 * kk + lane / 16, kPChunks));
-#pragma unroll
-    for (int cp = 0; cp < 4; ++cp) {  // pairs of 8-channel n-tiles
-      uint32_t b[4];
-      const int token = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
-      ldmatrix_x4_trans(b, stage + swizzled(token, warp * 8 + 2 * cp + lane / 16, kCChunks));
-      mma_bf16(o[2 * cp], pa, b[0], b[1]);
-      mma_bf16(o[2 * cp + 1], pa, b[2], b[3]);
-    }
-  }
-}
-
-// Grid (batch, heads / 16, splits).
-__global__ void __launch_bounds__(kMlaThreads) mla_bf16_split_kernel(const MlaArgs a) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  const int row = blockIdx.x, h0 = blockIdx.y * kMlaHeadsPerCta, split = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const MlaSplit sp = split_of(a, row, split);
-  const uint32_t q_tile = smem_u32(smem + kQOff), p_tile = smem_u32(smem + kPOff);
-
-  MlaSoftmax st{{neg_inf(), neg_inf()}, {0.0f, 0.0f}};
+// One CTA's running state: the softmax of its two rows per thread, O in units of `units`.
+struct MlaState {
+  MlaSoftmax sm{{neg_inf(), neg_inf()}, {0.0f, 0.0f}};
   float o[8][4] = {};
-  if (sp.first < sp.end) {
-    load_queries(a, row, h0, q_tile);
-    load_tile(a, row, sp.first, sp.n, stage_addr(smem, 0));
-    cp_async_commit();
-  }
-  for (int tile = sp.first; tile < sp.end; ++tile) {
-    const int i = tile - sp.first;
+  float units = 0.0f;  // page factor O is expressed in (0: nothing accumulated yet)
+};
+
+// The tiles [first, end) of split `split` out of `count`.
+struct TileRange {
+  int first = 0, end = 0;
+};
+__device__ __forceinline__ TileRange split_range(int count, int splits, int split) {
+  const int per = (count + splits - 1) / splits;
+  TileRange r;
+  r.first = min(count, split * per);
+  r.end = min(count, r.first + per);
+  return r;
+}
+
+// Row length as attended: a row ends at its table's last page.
+__device__ __forceinline__ int row_tokens(const MlaArgs& a, int row) {
+  return min(max(a.seq_lens[row], 0), a.max_pages * kPageTokens);
+}
+
+__device__ __forceinline__ const uint8_t* page_base(const MlaArgs& a, int row, int page) {
+  return a.pool + size_t(a.block_tables[size_t(row) * a.max_pages + page]) * size_t(a.block_stride);
+}
+
+// Softmax and context of a tile whose masked base-2 logits are `s` and whose C tile (of
+// Mma's type) holds page factor f.
+template <class Mma>
+__device__ __forceinline__ void softmax_context(const float (&s)[4], float f, uint8_t* smem, uint32_t p_tile,
+                                                uint32_t c_tile, int max_off, int sum_off, MlaState& st) {
+  float alpha[2];
+  tile_softmax<Mma>(s, smem + (p_tile - smem_u32(smem)), reinterpret_cast<float*>(smem + max_off),
+                    reinterpret_cast<float*>(smem + sum_off), st.sm, alpha);
+  const float ratio = st.units == 0.0f || st.units == f ? 1.0f : __fdiv_rn(st.units, f);
+  st.units = f;
+  const float rescale[2] = {alpha[0] * ratio, alpha[1] * ratio};
+  tile_context<Mma>(p_tile, c_tile, rescale, st.o);
+}
+
+// Shared memory of stage i % 2.
+template <KvFormat F>
+__device__ __forceinline__ uint8_t* stage_ptr(uint8_t* smem, int i) {
+  return smem + MlaSmemPlan<F>::kStage + (i % 2) * MlaSmemPlan<F>::kStageBytes;
+}
+
+// BF16 cache: copies page tile `tile` of the row (C, then R after it) into a stage.
+__device__ __forceinline__ void load_bf16_page_tile(const MlaArgs& a, int row, const PageTiles& pt, int tile,
+                                                    uint32_t stage) {
+  const uint8_t* base = page_base(a, row, tile / kMlaTilesPerPage);
+  const int first_token = (tile % kMlaTilesPerPage) * kMlaTileTokens;
+  load_bf16_rows(base + a.layout.c_codes + size_t(first_token) * kMlaLatent * 2,
+                 base + a.layout.r_rows + size_t(first_token) * kMlaRope * 2, kMlaLatent * 2, kMlaRope * 2,
+                 page_tile_rows(pt, tile), stage, stage + kCTileBytes);
+}
+
+// BF16 cache: the split's tiles straight from the pool pages, double-buffered.
+__device__ void run_bf16_pages(const MlaArgs& a, int row, int split, uint8_t* smem, MlaState& st) {
+  constexpr KvFormat F = KvFormat::bf16;
+  using Plan = MlaSmemPlan<F>;
+  const PageTiles pt = page_tiles(cache::attended_layout(row_tokens(a, row), F, false, true));
+  const TileRange tr = split_range(pt.count, a.splits, split);
+  if (tr.first >= tr.end) return;
+  const uint32_t qb = smem_u32(smem + Plan::kQb), p_tile = smem_u32(smem + Plan::kP);
+  load_queries_bf16(a.query.q_c, a.query.q_r, size_t(row) * a.heads + blockIdx.y * kMlaHeadsPerCta, qb);
+  load_bf16_page_tile(a, row, pt, tr.first, smem_u32(stage_ptr<F>(smem, 0)));
+  cp_async_commit();
+  for (int tile = tr.first; tile < tr.end; ++tile) {
+    const int i = tile - tr.first;
+    const uint32_t stage = smem_u32(stage_ptr<F>(smem, i));
     cp_async_wait<0>();
-    __syncthreads();  // (0) the tile has landed; every warp is done with the other stage
-    if (tile + 1 < sp.end) {
-      load_tile(a, row, tile + 1, sp.n, stage_addr(smem, i + 1));
+    __syncthreads();  // [0]
+    if (tile + 1 < tr.end) {
+      load_bf16_page_tile(a, row, pt, tile + 1, smem_u32(stage_ptr<F>(smem, i + 1)));
       cp_async_commit();
     }
-    float s[4];
-    tile_scores(q_tile, stage_addr(smem, i), s);
-    float alpha[2];
-    tile_softmax(a, min(kMlaTileTokens, sp.n - tile * kMlaTileTokens), s, smem, st, alpha);
-    tile_context(p_tile, stage_addr(smem, i), alpha, o);
+    float s[4] = {};
+    tile_scores<MmaBf16, kLatentChunks, kQkChunks>(qb, 0, stage, s);
+    tile_scores<MmaBf16, kRopeChunks, kQkChunks>(qb, kLatentChunks, stage + kCTileBytes, s);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[e] *= a.scale_log2;
+    mask_scores(page_tile_rows(pt, tile), s);
+    softmax_context<MmaBf16>(s, 1.0f, smem, p_tile, stage, Plan::kMax, Plan::kSum, st);
   }
-  // This split's normalized O and its LSE (log2 units; -inf and zeros when it has no tokens).
+}
+
+// FP4 caches: the split's page tiles, raw stages double-buffered, expanded into the C tile.
+template <KvFormat F>
+__device__ void run_fp4_pages(const MlaArgs& a, int row, int split, const PageTiles& pt, uint8_t* smem,
+                              MlaState& st) {
+  using Plan = MlaSmemPlan<F>;
+  using Raw = MlaFp4Raw<F>;
+  const TileRange tr = split_range(pt.count, a.splits, split);
+  if (tr.first >= tr.end) return;
+  const uint32_t qb = smem_u32(smem + Plan::kQb), q16 = smem_u32(smem + Plan::kQ16);
+  const uint32_t c_tile = smem_u32(smem + Plan::kC), p_tile = smem_u32(smem + Plan::kP);
+  load_fp4_tile<F>(page_base(a, row, tr.first / kMlaTilesPerPage), a.layout, tr.first % kMlaTilesPerPage,
+                   page_tile_rows(pt, tr.first), smem_u32(stage_ptr<F>(smem, 0)));
+  cp_async_commit();
+  for (int tile = tr.first; tile < tr.end; ++tile) {
+    const int i = tile - tr.first;
+    const uint8_t* raw = stage_ptr<F>(smem, i);
+    const TileRows rows = page_tile_rows(pt, tile);
+    cp_async_wait<0>();
+    __syncthreads();  // [0]
+    if (tile + 1 < tr.end) {
+      load_fp4_tile<F>(page_base(a, row, (tile + 1) / kMlaTilesPerPage), a.layout, (tile + 1) % kMlaTilesPerPage,
+                       page_tile_rows(pt, tile + 1), smem_u32(stage_ptr<F>(smem, i + 1)));
+      cp_async_commit();
+    }
+    expand_fp4_tile<F>(raw, rows, smem + Plan::kC);
+    __syncthreads();  // [expanded]
+    const float f = fp4_tile_factor<F>(*reinterpret_cast<const float*>(raw + Raw::kPageScale));
+    float sc[4] = {}, sr[4] = {}, s[4];
+    tile_scores<MmaF16, kLatentChunks, kLatentChunks>(q16, 0, c_tile, sc);
+    tile_scores<MmaBf16, kRopeChunks, kQkChunks>(qb, kLatentChunks, smem_u32(raw + Raw::kR), sr);
+    // The reference's order: ((S_c x g) x gamma) + (S_r x gamma).
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      s[e] = __fadd_rn(__fmul_rn(__fmul_rn(sc[e], f), a.scale_log2), __fmul_rn(sr[e], a.scale_log2));
+    mask_scores(rows, s);
+    softmax_context<MmaF16>(s, f, smem, p_tile, c_tile, Plan::kMax, Plan::kSum, st);
+  }
+}
+
+// FP4 caches: the row's BF16 sink and recent rows from its slot (at most three tiles).
+template <KvFormat F>
+__device__ void run_slot_rows(const MlaArgs& a, int row, const DecodeLayout& l, uint8_t* smem, MlaState& st) {
+  using Plan = MlaSmemPlan<F>;
+  using Raw = MlaFp4Raw<F>;
+  const int slot = a.row_slot[row];
+  if (slot < 0 || l.bf16_tokens() == 0) return;
+  const uint32_t qb = smem_u32(smem + Plan::kQb), c_tile = smem_u32(smem + Plan::kC);
+  const uint32_t r_tile = smem_u32(smem + Plan::kStage + Raw::kR), p_tile = smem_u32(smem + Plan::kP);
+  constexpr int kRowBytes = kMlaQk * 2;
+  const uint8_t* rows0 = reinterpret_cast<const uint8_t*>(a.slot_rows) + size_t(slot) * cache::kSlotRows * kRowBytes;
+  const int recent = l.recent_end - l.recent_begin;
+  for (int tile = 0; tile < kSlotTiles; ++tile) {
+    const TileRows rows = slot_tile_rows(l.sink_tokens, recent, tile);
+    if (rows.empty()) continue;
+    __syncthreads();  // every warp is past the previous tile's C and R
+    const uint8_t* src = rows0 + size_t(tile) * kMlaTileTokens * kRowBytes;
+    load_bf16_rows(src, src + kMlaLatent * 2, kRowBytes, kRowBytes, rows, c_tile, r_tile);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();  // [0]
+    float s[4] = {};
+    tile_scores<MmaBf16, kLatentChunks, kQkChunks>(qb, 0, c_tile, s);
+    tile_scores<MmaBf16, kRopeChunks, kQkChunks>(qb, kLatentChunks, r_tile, s);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[e] *= a.scale_log2;
+    mask_scores(rows, s);
+    softmax_context<MmaBf16>(s, 1.0f, smem, p_tile, c_tile, Plan::kMax, Plan::kSum, st);
+  }
+}
+
+// This CTA's normalized O and its LSE (log2 units; -inf and zeros when it saw no token).
+__device__ __forceinline__ void store_partial(const MlaArgs& a, int row, const MlaState& st) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    const size_t head = size_t(row) * a.heads + h0 + g + 8 * rr;
-    const size_t part = head * a.splits + split;
-    const float inv = st.l[rr] > 0.0f ? 1.0f / st.l[rr] : 0.0f;
+    const size_t head = size_t(row) * a.heads + blockIdx.y * kMlaHeadsPerCta + g + 8 * rr;
+    const size_t part = head * a.parts + blockIdx.z;
+    const float l = st.sm.l[rr];
+    const float inv = l > 0.0f ? st.units / l : 0.0f;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       const int c = warp * 64 + nt * 8 + 2 * t;
       *reinterpret_cast<float2*>(a.partial_out + part * kMlaLatent + c) =
-          make_float2(o[nt][2 * rr] * inv, o[nt][2 * rr + 1] * inv);
+          make_float2(st.o[nt][2 * rr] * inv, st.o[nt][2 * rr + 1] * inv);
     }
-    if (warp == 0 && t == 0) a.partial_lse[part] = st.l[rr] > 0.0f ? st.m[rr] + __log2f(st.l[rr]) : neg_inf();
+    if (warp == 0 && t == 0) a.partial_lse[part] = l > 0.0f ? st.sm.m[rr] + __log2f(l) : neg_inf();
   }
 }
 
-constexpr int kCombineThreads = 128;
-constexpr int kCombineChannels = kMlaLatent / kCombineThreads;  // per thread
+// Grid (batch, heads / 16, parts).
+template <KvFormat F>
+__global__ void __launch_bounds__(kMlaThreads) mla_split_kernel(const MlaArgs a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int row = blockIdx.x;
+  MlaState st;
+  if constexpr (F == KvFormat::bf16) {
+    run_bf16_pages(a, row, blockIdx.z, smem, st);
+  } else {
+    using Plan = MlaSmemPlan<F>;
+    const DecodeLayout l = cache::attended_layout(row_tokens(a, row), F, a.sink, a.recent);
+    const PageTiles pt = page_tiles(l);
+    const bool slot_cta = int(blockIdx.z) == a.splits;
+    const TileRange tr = split_range(pt.count, a.splits, blockIdx.z);
+    const bool has_work = slot_cta ? l.bf16_tokens() > 0 && a.row_slot[row] >= 0 : tr.first < tr.end;
+    if (has_work || blockIdx.z == 0) {
+      float shift[2];
+      load_queries_fp4(a.query, size_t(row) * a.heads + blockIdx.y * kMlaHeadsPerCta, smem + Plan::kQb,
+                       smem + Plan::kQ16, shift);
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      if (blockIdx.z == 0 && lane == 0) {
+        for (int hh = 0; hh < 2; ++hh)
+          a.lse_shift[size_t(row) * a.heads + blockIdx.y * kMlaHeadsPerCta + 2 * warp + hh] = shift[hh] * a.scale;
+      }
+    }
+    if (slot_cta) run_slot_rows<F>(a, row, l, smem, st);
+    else run_fp4_pages<F>(a, row, blockIdx.z, pt, smem, st);
+  }
+  store_partial(a, row, st);
+}
 
-// Grid (batch * heads): the splits of one head merged by LSE (lse_merge.cuh's weights, each
-// computed once per split); the natural-log LSE.
+constexpr int kCombineWarps = 4;
+constexpr int kCombineChannels = kMlaLatent / 32;  // per lane: the warp_fwht layout
+
+struct MlaCombineArgs {
+  const float* partial_out = nullptr;
+  const float* partial_lse = nullptr;
+  const float* lse_shift = nullptr;  // null: no shift
+  const float* mu_c = nullptr;       // null: nothing to restore
+  bool rotate = false;
+  int parts = 1, heads_total = 0;
+  void* out = nullptr;
+  float* lse = nullptr;
+};
+
+// A warp per head: the parts merged by LSE (lse_merge.cuh's weights), then (FP4 recipes) the
+// rotation undone and mu_c restored, u = H^T u' + mu_c; lane l holds channels 16 l .. 16 l + 15.
 template <bool kBf16Out>
-__global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const float* partial_out, const float* partial_lse,
-                                                                      int splits, void* out, float* lse) {
-  const size_t head = blockIdx.x;
-  const float* lses = partial_lse + head * splits;
+__global__ void __launch_bounds__(kCombineWarps * 32) mla_combine_kernel(const MlaCombineArgs a) {
+  const int lane = threadIdx.x % 32;
+  const size_t head = size_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
+  if (head >= size_t(a.heads_total)) return;
+  const float* lses = a.partial_lse + head * a.parts;
   float big = neg_inf();
-  for (int s = 0; s < splits; ++s) big = fmaxf(big, lses[s]);
-  float wsum = 0.0f, acc[kCombineChannels] = {};
-  for (int s = 0; s < splits; ++s) {
-    const float w = merge_weight(lses[s], big);
-    wsum += w;
-    const float* o = partial_out + (head * splits + s) * kMlaLatent + threadIdx.x;
+  for (int s = 0; s < a.parts; ++s) big = fmaxf(big, lses[s]);
+  cache::detail::RowFrag<kMlaLatent> u;
 #pragma unroll
-    for (int k = 0; k < kCombineChannels; ++k) acc[k] = fmaf(w, o[k * kCombineThreads], acc[k]);
+  for (int k = 0; k < kCombineChannels; ++k) u.x[k] = 0.0f;
+  float wsum = 0.0f;
+  for (int s = 0; s < a.parts; ++s) {
+    const float w = merge_weight(lses[s], big);
+    if (w == 0.0f) continue;
+    wsum += w;
+    const float4* o = reinterpret_cast<const float4*>(a.partial_out + (head * a.parts + s) * kMlaLatent) + lane * 4;
+#pragma unroll
+    for (int k = 0; k < kCombineChannels / 4; ++k) {
+      const float4 v = o[k];
+      u.x[4 * k] = fmaf(w, v.x, u.x[4 * k]);
+      u.x[4 * k + 1] = fmaf(w, v.y, u.x[4 * k + 1]);
+      u.x[4 * k + 2] = fmaf(w, v.z, u.x[4 * k + 2]);
+      u.x[4 * k + 3] = fmaf(w, v.w, u.x[4 * k + 3]);
+    }
   }
   const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
 #pragma unroll
-  for (int k = 0; k < kCombineChannels; ++k) {
-    const size_t i = head * kMlaLatent + threadIdx.x + k * kCombineThreads;
-    if constexpr (kBf16Out) static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(acc[k] * inv);
-    else static_cast<float*>(out)[i] = acc[k] * inv;
+  for (int k = 0; k < kCombineChannels; ++k) u.x[k] *= inv;
+  if (wsum > 0.0f) {  // an empty row stays 0
+    if (a.rotate) cache::detail::warp_fwht<kMlaLatent>(u, lane);
+    if (a.mu_c) {
+#pragma unroll
+      for (int k = 0; k < kCombineChannels; ++k) u.x[k] = __fadd_rn(u.x[k], a.mu_c[lane * kCombineChannels + k]);
+    }
   }
-  if (threadIdx.x == 0 && lse != nullptr) lse[head] = wsum > 0.0f ? (big + __log2f(wsum)) * kLn2 : neg_inf();
+#pragma unroll
+  for (int k = 0; k < kCombineChannels; ++k) {
+    const size_t i = head * kMlaLatent + lane * kCombineChannels + k;
+    if constexpr (kBf16Out) static_cast<__nv_bfloat16*>(a.out)[i] = __float2bfloat16_rn(u.x[k]);
+    else static_cast<float*>(a.out)[i] = u.x[k];
+  }
+  if (lane == 0 && a.lse != nullptr) {
+    const float shift = a.lse_shift ? a.lse_shift[head] : 0.0f;
+    a.lse[head] = wsum > 0.0f ? (big + __log2f(wsum)) * kLn2 + shift : neg_inf();
+  }
+}
+
+template <KvFormat F>
+void set_smem_limit() {
+  cache::cuda_check(cudaFuncSetAttribute(mla_split_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         MlaSmemPlan<F>::kBytes),
+                    "MlaDecodeAttention: shared-memory limit of the split kernel");
+}
+
+template <KvFormat F>
+void launch_split(const MlaArgs& a, dim3 grid, cudaStream_t stream) {
+  mla_split_kernel<F><<<grid, kMlaThreads, MlaSmemPlan<F>::kBytes, stream>>>(a);
 }
 
 }  // namespace
 }  // namespace detail
 
-void MlaDecodeAttention::check_supported(const MlaGeometry& g, KvFormat format, const MlaCapacity& c) {
-  if (format != KvFormat::bf16)
-    throw Error("MlaDecodeAttention: the " + to_string(format) +
-                " latent cache has no decode kernel yet (bf16 only)");
+namespace {
+
+bool fp4_latent(KvFormat f) { return f == KvFormat::nvfp4 || f == KvFormat::mxfp4; }
+
+}  // namespace
+
+void MlaDecodeAttention::check_supported(const MlaGeometry& g, const Recipe& r, const MlaCapacity& c) {
+  if (r.kv != KvFormat::bf16 && !fp4_latent(r.kv))
+    throw Error("MlaDecodeAttention: recipe '" + r.name + "': the " + to_string(r.kv) +
+                " latent cache has no decode kernel (bf16, nvfp4, mxfp4)");
+  if (fp4_latent(r.kv) && r.query != QueryFormat::full)
+    throw Error("MlaDecodeAttention: recipe '" + r.name +
+                "': the MLA kernels run the mixed mode (16-bit query and P); native and comparison query "
+                "formats are CPU-reference only (ref/mla.h)");
+  if (fp4_latent(r.kv) && r.prob != ProbFormat::full)
+    throw Error("MlaDecodeAttention: recipe '" + r.name + "': MLA keeps P in 16 bits (its latent blocks run along d_c)");
   if (g.latent_dim != detail::kMlaLatent || g.rope_dim != detail::kMlaRope)
     throw Error("MlaDecodeAttention: latent_dim " + std::to_string(g.latent_dim) + " and rope_dim " +
                 std::to_string(g.rope_dim) + " (supported: 512 and 64, DeepSeek-V2/V3)");
@@ -309,26 +355,31 @@ void MlaDecodeAttention::check_supported(const MlaGeometry& g, KvFormat format, 
   if (c.max_batch < 1 || c.max_batch > 65535)
     throw Error("MlaDecodeAttention: max_batch " + std::to_string(c.max_batch) + " outside [1, 65535]");
   if (c.max_pages < 1) throw Error("MlaDecodeAttention: max_pages " + std::to_string(c.max_pages) + " (at least 1)");
-  if (c.max_splits < 1 || c.max_splits > 65535)
-    throw Error("MlaDecodeAttention: max_splits " + std::to_string(c.max_splits) + " outside [1, 65535]");
+  if (c.max_splits < 1 || c.max_splits > 65534)
+    throw Error("MlaDecodeAttention: max_splits " + std::to_string(c.max_splits) + " outside [1, 65534]");
 }
 
-MlaDecodeAttention::MlaDecodeAttention(const MlaGeometry& geometry, KvFormat format, const MlaCapacity& capacity)
-    : geometry_(geometry), capacity_(capacity) {
-  check_supported(geometry, format, capacity);
-  layout_ = cache::LatentPageLayout::make(format, geometry.latent_dim, geometry.rope_dim);
-  const size_t parts = size_t(capacity.max_batch) * geometry.heads * capacity.max_splits;
+MlaDecodeAttention::MlaDecodeAttention(const MlaGeometry& geometry, const Recipe& recipe, const MlaCapacity& capacity)
+    : geometry_(geometry), recipe_(recipe), capacity_(capacity) {
+  check_supported(geometry, recipe, capacity);
+  layout_ = cache::LatentPageLayout::make(recipe.kv, geometry.latent_dim, geometry.rope_dim);
+  const size_t heads = size_t(capacity.max_batch) * geometry.heads;
+  const size_t parts = heads * (capacity.max_splits + 1);
   cache::cuda_check(cudaMalloc(&partial_out_, parts * detail::kMlaLatent * sizeof(float)),
                     "MlaDecodeAttention: cudaMalloc of the partial outputs");
   cache::cuda_check(cudaMalloc(&partial_lse_, parts * sizeof(float)), "MlaDecodeAttention: cudaMalloc of the partial LSE");
-  cache::cuda_check(cudaFuncSetAttribute(detail::mla_bf16_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         detail::kMlaSmemBytes),
-                    "MlaDecodeAttention: shared-memory limit of the split kernel");
+  cache::cuda_check(cudaMalloc(&lse_shift_, heads * sizeof(float)), "MlaDecodeAttention: cudaMalloc of the LSE shifts");
+  switch (recipe.kv) {
+    case KvFormat::nvfp4: detail::set_smem_limit<KvFormat::nvfp4>(); break;
+    case KvFormat::mxfp4: detail::set_smem_limit<KvFormat::mxfp4>(); break;
+    default: detail::set_smem_limit<KvFormat::bf16>(); break;
+  }
 }
 
 MlaDecodeAttention::~MlaDecodeAttention() {
   cudaFree(partial_out_);
   cudaFree(partial_lse_);
+  cudaFree(lse_shift_);
 }
 
 void MlaDecodeAttention::run_typed(const MlaStep& step, const __nv_bfloat16* q_c, const __nv_bfloat16* q_r, void* out,
@@ -344,6 +395,10 @@ void MlaDecodeAttention::run_typed(const MlaStep& step, const __nv_bfloat16* q_c
                 " (a multiple of 16, at least the page's " + std::to_string(layout_.bytes) + " bytes)");
   if (!(step.pool && step.block_tables && step.seq_lens && q_c && q_r && out))
     throw Error("MlaDecodeAttention::run: null pool, block_tables, seq_lens, q_c, q_r or out");
+  const bool fp4 = fp4_latent(recipe_.kv);
+  if (fp4 && !(step.slot_rows && step.row_slot))
+    throw Error("MlaDecodeAttention::run: the " + to_string(recipe_.kv) +
+                " latent cache needs slot_rows and row_slot (its BF16 sink and recent rows)");
   detail::MlaArgs a;
   a.pool = step.pool;
   a.block_stride = step.block_stride;
@@ -352,23 +407,40 @@ void MlaDecodeAttention::run_typed(const MlaStep& step, const __nv_bfloat16* q_c
   a.max_pages = capacity_.max_pages;
   a.heads = geometry_.heads;
   a.splits = step.splits;
-  a.c_offset = layout_.c_codes;
-  a.r_offset = layout_.r_rows;
-  a.q_c = q_c;
-  a.q_r = q_r;
-  a.scale_log2 = detail::kLog2e / std::sqrt(float(geometry_.nope_dim + geometry_.rope_dim));
+  a.parts = step.splits + (fp4 ? 1 : 0);
+  a.layout = layout_;
+  a.query.q_c = q_c;
+  a.query.q_r = q_r;
+  a.query.mu_c = fp4 && recipe_.smooth_keys ? step.mu_c : nullptr;
+  a.query.rotate = recipe_.rotate_keys;
+  a.slot_rows = step.slot_rows;
+  a.row_slot = step.row_slot;
+  a.sink = recipe_.bf16_sink;
+  a.recent = recipe_.bf16_recent;
+  a.scale = 1.0f / std::sqrt(float(geometry_.nope_dim + geometry_.rope_dim));
+  a.scale_log2 = detail::kLog2e * a.scale;
   a.partial_out = partial_out_;
   a.partial_lse = partial_lse_;
-  const dim3 grid(step.batch, geometry_.heads / kMlaHeadsPerCta, step.splits);
-  detail::mla_bf16_split_kernel<<<grid, detail::kMlaThreads, detail::kMlaSmemBytes, stream>>>(a);
-  const unsigned heads = unsigned(step.batch) * geometry_.heads;
-  if (bf16_out) {
-    detail::mla_combine_kernel<true><<<heads, detail::kCombineThreads, 0, stream>>>(partial_out_, partial_lse_,
-                                                                                  step.splits, out, lse);
-  } else {
-    detail::mla_combine_kernel<false><<<heads, detail::kCombineThreads, 0, stream>>>(partial_out_, partial_lse_,
-                                                                                   step.splits, out, lse);
+  a.lse_shift = lse_shift_;
+  const dim3 grid(step.batch, geometry_.heads / kMlaHeadsPerCta, a.parts);
+  switch (recipe_.kv) {
+    case KvFormat::nvfp4: detail::launch_split<KvFormat::nvfp4>(a, grid, stream); break;
+    case KvFormat::mxfp4: detail::launch_split<KvFormat::mxfp4>(a, grid, stream); break;
+    default: detail::launch_split<KvFormat::bf16>(a, grid, stream); break;
   }
+  detail::MlaCombineArgs c;
+  c.partial_out = partial_out_;
+  c.partial_lse = partial_lse_;
+  c.lse_shift = a.query.mu_c ? lse_shift_ : nullptr;
+  c.mu_c = a.query.mu_c;
+  c.rotate = fp4 && recipe_.rotate_keys;
+  c.parts = a.parts;
+  c.heads_total = step.batch * geometry_.heads;
+  c.out = out;
+  c.lse = lse;
+  const unsigned blocks = unsigned((c.heads_total + detail::kCombineWarps - 1) / detail::kCombineWarps);
+  if (bf16_out) detail::mla_combine_kernel<true><<<blocks, detail::kCombineWarps * 32, 0, stream>>>(c);
+  else detail::mla_combine_kernel<false><<<blocks, detail::kCombineWarps * 32, 0, stream>>>(c);
   cache::cuda_check(cudaGetLastError(), "MlaDecodeAttention::run: launch");
 }
 

@@ -1,7 +1,8 @@
 // BF16 rows: one CTA of two warps per (token, KV head); warp 0 writes K' (transformed),
-// warp 1 writes V. Quantized formats write the slot's sink/recent rows; the BF16 format
-// writes the row straight into its pool block (a BF16 page). Used by prefill (the chunk's
-// sink tokens and its last 128 tokens) and by the decode append (one token per row).
+// warp 1 writes V (latent caches: the latent c' and the positional key r). Quantized formats
+// write the slot's sink/recent rows; the BF16 format writes the row straight into its pool
+// block (a BF16 page). Used by prefill (the chunk's sink tokens and its last 128 tokens) and
+// by the decode append (one token per row).
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/cache/dependent_launch.cuh"
 #include "fp4kv/cache/device_common.cuh"
@@ -24,12 +25,43 @@ struct RowKernelArgs {
   StepPlan plan;
 };
 
-// BF16 pool row: token row t of a BF16 page (K or V part).
+// BF16 pool row: token row t of a BF16 page (K or V part; latent pages: the latent or r rows).
 __device__ __forceinline__ uint16_t* bf16_pool_row(const CacheDims& dims, const CacheMem& mem, int layer, int block,
                                                    int head, int kv, int t) {
   uint8_t* base = block_head(dims, mem, layer, block, head);
   const PageLayout& L = dims.layout;
+  if (dims.latent() && kv == 1) return reinterpret_cast<uint16_t*>(base + dims.r_rows) + t * dims.rope_dim;
   return reinterpret_cast<uint16_t*>(base + (kv == 0 ? bf16_k_offset(L, t, 0) : bf16_v_offset(L, t, 0)));
+}
+
+// Where one warp's row goes.
+struct RowTarget {
+  int layer = 0, head = 0, kv = 0, pos = 0;
+  int slot = -1, block = -1;  // quantized formats: the slot; BF16: the pool block
+  bool to_sink = false;       // also (prefill: only) the sink row `pos`
+  bool count = true;          // count its non-finite elements here
+};
+
+// Transforms (K), rounds and writes one row of W values (input: W floats).
+template <int W>
+__device__ __forceinline__ void write_row(const CacheDims& dims, const CacheMem& mem, RowMode mode, const RowTarget& t,
+                                          const float* input) {
+  constexpr int E = W / 32;
+  const int lane = threadIdx.x % 32;
+  const bool is_key = t.kv == 0;
+  uint16_t v[E];
+  int bad = 0;
+  cache_row<W>(input, is_key ? mu_row(dims, mem, t.layer, t.head) : nullptr, is_key, dims.smooth, dims.rotate, lane, v,
+               bad);
+  if (t.count) flush_nonfinite(mem.nonfinite, bad);
+  if (dims.quantized()) {
+    const int row = t.to_sink && mode == RowMode::prefill ? t.pos : kSinkTokens + t.pos % kPage;
+    store_bf16<E>(slot_row(dims, mem, t.layer, t.slot, t.head, t.kv, row) + lane * E, v);
+    if (t.to_sink && mode == RowMode::append)  // a decode token below 16 goes to both rows
+      store_bf16<E>(slot_row(dims, mem, t.layer, t.slot, t.head, t.kv, t.pos) + lane * E, v);
+  } else {
+    store_bf16<E>(bf16_pool_row(dims, mem, t.layer, t.block, t.head, t.kv, t.pos % kPage) + lane * E, v);
+  }
 }
 
 template <int D>
@@ -37,60 +69,51 @@ __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
   // Launched as a programmatic dependent (launch()): the grid is set up while the op that
   // wrote the K/V rows finishes; wait for it before reading anything.
   wait_for_producer();
-  constexpr int E = D / 32;
   const CacheDims& dims = a.dims;
-  const int kv = threadIdx.x / 32, lane = threadIdx.x % 32, head = blockIdx.y;
-  const bool is_key = kv == 0;
-  int layer, pos, slot = -1, block = -1;
+  RowTarget t;
+  t.kv = threadIdx.x / 32;
+  t.head = blockIdx.y;
+  const bool is_key = t.kv == 0;
+  const long long width = dims.width(t.kv);
   const float* input;
-  bool to_sink = false, count = true;
   if (a.mode == RowMode::append) {
     if (*a.mem.error_flags != 0) return;  // uniform: nothing writes the flags during this kernel
     const int row = blockIdx.x;
-    layer = a.step.layer;
-    pos = a.step.seq_lens[row] - 1;
-    input = (is_key ? a.step.k : a.step.v) + (static_cast<long long>(row) * dims.heads + head) * D;
+    t.layer = a.step.layer;
+    t.pos = a.step.seq_lens[row] - 1;
+    input = (is_key ? a.step.k : a.step.v) + (static_cast<long long>(row) * dims.heads + t.head) * width;
     if (dims.quantized()) {
-      slot = a.plan.row_slot[row];
-      to_sink = dims.sink && pos < kSinkTokens;
+      t.slot = a.plan.row_slot[row];
+      t.to_sink = dims.sink && t.pos < kSinkTokens;
     } else {
-      block = a.step.block_tables[static_cast<long long>(row) * a.step.max_pages + pos / kPage];
+      t.block = a.step.block_tables[static_cast<long long>(row) * a.step.max_pages + t.pos / kPage];
     }
   } else {
-    layer = a.prefill.layer;
+    t.layer = a.prefill.layer;
     if (blockIdx.x < a.sink_rows) {  // sink copy (the token is counted where its recent row or page is written)
-      pos = a.prefill.first + blockIdx.x;
-      to_sink = true;
-      count = false;
+      t.pos = a.prefill.first + blockIdx.x;
+      t.to_sink = true;
+      t.count = false;
     } else {
-      pos = a.recent_lo + (blockIdx.x - a.sink_rows);
-      count = pos >= a.count_from;
+      t.pos = a.recent_lo + (blockIdx.x - a.sink_rows);
+      t.count = t.pos >= a.count_from;
     }
-    input = (is_key ? a.prefill.k : a.prefill.v) + (static_cast<long long>(pos - a.prefill.first) * dims.heads + head) * D;
+    input = (is_key ? a.prefill.k : a.prefill.v) + (static_cast<long long>(t.pos - a.prefill.first) * dims.heads + t.head) * width;
     if (dims.quantized()) {
-      slot = *a.mem.prefill_slot;
-      if (slot < 0) return;
+      t.slot = *a.mem.prefill_slot;
+      if (t.slot < 0) return;
     } else {
-      block = a.prefill.block_row[pos / kPage];
-      if (block < 0 || block >= dims.num_blocks) {
+      t.block = a.prefill.block_row[t.pos / kPage];
+      if (t.block < 0 || t.block >= dims.num_blocks) {
         if (threadIdx.x == 0) atomicOr(a.mem.error_flags, kErrorBadSequence);
         return;
       }
     }
   }
-  uint16_t v[E];
-  int bad = 0;
-  cache_row<D>(input, is_key ? mu_row(dims, a.mem, layer, head) : nullptr, is_key, dims.smooth, dims.rotate, lane, v,
-               bad);
-  if (count) flush_nonfinite(a.mem.nonfinite, bad);
-  if (dims.quantized()) {
-    const int row = to_sink && a.mode == RowMode::prefill ? pos : kSinkTokens + pos % kPage;
-    store_bf16<E>(slot_row(dims, a.mem, layer, slot, head, kv, row) + lane * E, v);
-    if (to_sink && a.mode == RowMode::append)  // a decode token below 16 goes to both rows
-      store_bf16<E>(slot_row(dims, a.mem, layer, slot, head, kv, pos) + lane * E, v);
-  } else {
-    store_bf16<E>(bf16_pool_row(dims, a.mem, layer, block, head, kv, pos % kPage) + lane * E, v);
+  if constexpr (D == kMlaLatentDim) {
+    if (!is_key) return write_row<kMlaRopeDim>(dims, a.mem, a.mode, t, input);
   }
+  write_row<D>(dims, a.mem, a.mode, t, input);
 }
 
 // A decode step's append is a few CTAs whose cost is launch latency: as a programmatic
@@ -107,6 +130,7 @@ void launch(const RowKernelArgs& a, int rows, cudaStream_t stream) {
     case 64: launch_rows<64>(a, rows, stream); break;
     case 128: launch_rows<128>(a, rows, stream); break;
     case 256: launch_rows<256>(a, rows, stream); break;
+    case kMlaLatentDim: launch_rows<kMlaLatentDim>(a, rows, stream); break;
     default: throw Error("cache row kernel: unsupported head_dim " + std::to_string(a.dims.d));
   }
   cuda_check_launch("cache row kernel launch");

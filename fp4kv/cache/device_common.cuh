@@ -123,9 +123,12 @@ __device__ __forceinline__ T block_max(T v, T* scratch) {
   return r;
 }
 
-// Slot buffer row of (layer, slot, head, K/V, row).
+// Slot buffer row of (layer, slot, head, K/V, row); latent caches: the row's latent (K) or
+// positional key (V) part. Consecutive rows are dims.slot_row_stride() apart.
 __device__ __forceinline__ uint16_t* slot_row(const CacheDims& dims, const CacheMem& mem, int layer, int slot, int head,
                                               int kv, int row) {
+  if (dims.latent())
+    return mem.slots + latent_slot_row_offset(layer, slot, row, dims.slots, dims.d, dims.rope_dim) + (kv == 1 ? dims.d : 0);
   return mem.slots + slot_row_offset(layer, slot, head, kv, row, dims.slots, dims.heads, dims.d);
 }
 

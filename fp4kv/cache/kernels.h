@@ -27,7 +27,15 @@ struct CacheDims {
   bool recent = true;           // recipe.bf16_recent: pages quantized when full (promotion); off: the
                                 // open page is re-quantized after every write (quantize on write)
   int min_split_pages = 1;      // step_plan.h: fewest pages per split for the recipe's decode kernel
+  // MLA latent caches (kv_cache.h): rope_dim > 0, heads 1, d = latent_dim. The K side is the
+  // latent (quantized like keys), the V side the positional keys r: rope_dim BF16 values per
+  // token, in the page's r rows (byte offset r_rows) and after the latent in each slot row.
+  int rope_dim = 0;
+  int r_rows = 0;
   FP4KV_HD bool quantized() const { return format != KvFormat::bf16; }
+  FP4KV_HD bool latent() const { return rope_dim > 0; }
+  FP4KV_HD int width(int kv) const { return latent() && kv == 1 ? rope_dim : d; }  // values per row of K or V
+  FP4KV_HD int slot_row_stride() const { return latent() ? d + rope_dim : d; }
 };
 
 // Device memory owned by the cache.

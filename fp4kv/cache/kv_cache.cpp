@@ -22,14 +22,28 @@ void require_device_ptr(const void* p, size_t align, const char* name) {
   require(aligned(p, align), std::string("KvCache: ") + name + " is not " + std::to_string(align) + "-byte aligned");
 }
 
+// BF16 elements of one slot's rows in one layer.
+size_t slot_elements(const KvCacheConfig& c) {
+  if (c.rope_dim != 0) return size_t(kSlotRows) * (c.head_dim + c.rope_dim);
+  return size_t(c.kv_heads) * 2 * kSlotRows * c.head_dim;
+}
+
 }  // namespace
 
 KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k, const DeviceMemorySource* memory)
     : config_(c), recipe_(recipe) {
   require(gpu_format_supported(recipe.kv),
           "KvCache: format " + to_string(recipe.kv) + " is not a GPU cache format (bf16, fp8, nvfp4, mxfp4)");
-  require(gpu_head_dim_supported(c.head_dim),
-          "KvCache: head_dim " + std::to_string(c.head_dim) + " is not supported (64, 128, 256)");
+  if (c.rope_dim != 0) {
+    require(c.rope_dim == kMlaRopeDim && c.head_dim == kMlaLatentDim && c.kv_heads == 1,
+            "KvCache: an MLA latent cache has kv_heads 1, head_dim (latent) 512 and rope_dim 64; got kv_heads " +
+                std::to_string(c.kv_heads) + ", head_dim " + std::to_string(c.head_dim) + ", rope_dim " +
+                std::to_string(c.rope_dim));
+    require(recipe.kv != KvFormat::fp8, "KvCache: MLA latent caches are bf16, nvfp4 or mxfp4 (no fp8 MLA kernel)");
+  } else {
+    require(gpu_head_dim_supported(c.head_dim),
+            "KvCache: head_dim " + std::to_string(c.head_dim) + " is not supported (64, 128, 256)");
+  }
   require(c.layers >= 1 && c.kv_heads >= 1, "KvCache: layers and kv_heads must be >= 1");
   require(c.num_blocks >= 1, "KvCache: num_blocks must be >= 1");
   require(c.max_slots >= 1 && c.max_slots <= detail::kControlMaxSlots,
@@ -48,7 +62,14 @@ KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k
   dims_.num_blocks = c.num_blocks;
   dims_.slots = c.max_slots;
   dims_.format = recipe.kv;
-  dims_.layout = PageLayout::make(recipe.kv, c.head_dim);
+  if (c.rope_dim != 0) {
+    const LatentPageLayout latent = LatentPageLayout::make(recipe.kv, c.head_dim, c.rope_dim);
+    dims_.layout = latent.latent_part();
+    dims_.rope_dim = c.rope_dim;
+    dims_.r_rows = latent.r_rows;
+  } else {
+    dims_.layout = PageLayout::make(recipe.kv, c.head_dim);
+  }
   dims_.block_stride = static_cast<long long>(c.kv_heads) * dims_.layout.bytes;
   dims_.layer_stride = dims_.block_stride * c.num_blocks;
   dims_.smooth = recipe.smooth_keys;
@@ -90,7 +111,7 @@ KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k
   const size_t MB = size_t(c.max_batch);
   mem_.pool = static_cast<uint8_t*>(alloc(L * size_t(dims_.layer_stride), "the block pools"));
   if (dims_.quantized())
-    mem_.slots = static_cast<uint16_t*>(alloc(L * S * H * 2 * kSlotRows * d * sizeof(uint16_t), "the slot buffer"));
+    mem_.slots = static_cast<uint16_t*>(alloc(L * S * slot_elements(c) * sizeof(uint16_t), "the slot buffer"));
   if (recipe.smooth_keys && mu_k) {
     float* mu = static_cast<float*>(alloc(L * H * d * sizeof(float), "mu_k"));
     cuda_check(cudaMemcpy(mu, mu_k, L * H * d * sizeof(float), cudaMemcpyHostToDevice), "KvCache: copy mu_k");
@@ -277,6 +298,7 @@ std::vector<uint8_t> KvCache::read_page(int layer, int block, int head) const {
 
 ref::QuantPage KvCache::read_quant_page(int layer, int block, int head, int tokens) const {
   require(dims_.quantized(), "KvCache::read_quant_page: the BF16 format has no quantized pages (use read_page)");
+  require(!dims_.latent(), "KvCache::read_quant_page: a latent page is unpacked with unpack_latent_page(read_page())");
   const auto bytes = read_page(layer, block, head);
   return unpack_page(bytes.data(), dims_.layout, tokens);
 }
@@ -287,6 +309,7 @@ SlotRows KvCache::read_slot(int layer, int slot, int head) const {
   require(slot >= 0 && slot < config_.max_slots, "KvCache::read_slot: slot " + std::to_string(slot) + " out of range");
   require(head >= 0 && head < config_.kv_heads, "KvCache::read_slot: head " + std::to_string(head) + " out of range");
   const int d = config_.head_dim;
+  if (dims_.latent()) return read_latent_slot(layer, slot);
   std::vector<uint16_t> bits(size_t(2) * kSlotRows * d);
   cuda_check(cudaDeviceSynchronize(), "KvCache: synchronize");
   cuda_check(cudaMemcpy(bits.data(), mem_.slots + slot_row_offset(layer, slot, head, 0, 0, config_.max_slots, config_.kv_heads, d),
@@ -300,6 +323,29 @@ SlotRows KvCache::read_slot(int layer, int slot, int head) const {
     r.v[i] = bf16_bits_to_float(bits[r.k.size() + i]);
   }
   return r;
+}
+
+SlotRows KvCache::read_latent_slot(int layer, int slot) const {
+  const int dc = config_.head_dim, dr = config_.rope_dim, w = dc + dr;
+  std::vector<uint16_t> bits(size_t(kSlotRows) * w);
+  cuda_check(cudaDeviceSynchronize(), "KvCache: synchronize");
+  cuda_check(cudaMemcpy(bits.data(), mem_.slots + latent_slot_row_offset(layer, slot, 0, config_.max_slots, dc, dr),
+                        bits.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost),
+             "KvCache: read a slot");
+  SlotRows r;
+  r.k.resize(size_t(kSlotRows) * dc);
+  r.v.resize(size_t(kSlotRows) * dr);
+  for (int row = 0; row < kSlotRows; ++row) {
+    for (int x = 0; x < dc; ++x) r.k[size_t(row) * dc + x] = bf16_bits_to_float(bits[size_t(row) * w + x]);
+    for (int x = 0; x < dr; ++x) r.v[size_t(row) * dr + x] = bf16_bits_to_float(bits[size_t(row) * w + dc + x]);
+  }
+  return r;
+}
+
+const uint16_t* KvCache::latent_slot_rows(int layer) const {
+  check_layer(layer);
+  require(dims_.latent() && dims_.quantized(), "KvCache::latent_slot_rows: not a quantized MLA latent cache");
+  return mem_.slots + latent_slot_row_offset(layer, 0, 0, config_.max_slots, config_.head_dim, config_.rope_dim);
 }
 
 KvCache::PlanCopy KvCache::read_plan() const {

@@ -63,12 +63,17 @@ struct KvCacheConfig {
   int max_batch = 0;    // rows of a decode step (<= 2048)
   int max_pages = 0;    // pages of one request (longest sequence = 128 * max_pages)
   int max_splits = 32;  // split-KV capacity per row (StepPlan::max_splits)
+  // > 0: an MLA latent cache (DeepSeek-V2/V3; pages in layout.h LatentPageLayout, slot rows
+  // latent_slot_row_offset): kv_heads 1, head_dim = the latent size 512, rope_dim 64. Its "K"
+  // is the latent c (cached as c' = H (c - mu_c) per the recipe, mu_k = mu_c), its "V" the
+  // positional key r, stored in BF16 and never quantized. Formats bf16, nvfp4, mxfp4.
+  int rope_dim = 0;
 };
 
 // One slot's BF16 rows of one (layer, KV head), as floats: rows 0..15 sink, 16..143 recent.
 struct SlotRows {
-  std::vector<float> k;  // [144][head_dim] transformed keys
-  std::vector<float> v;  // [144][head_dim]
+  std::vector<float> k;  // [144][head_dim] transformed keys (latent caches: c')
+  std::vector<float> v;  // [144][head_dim] (latent caches: r, [144][rope_dim])
 };
 
 // Where a cache's device memory comes from when the caller owns it (the PyTorch extension
@@ -118,8 +123,9 @@ class KvCache {
   int slot_of(int32_t first_block) const;
   long long step_counter() const;
 
-  // One KV head's part of a block (layout().bytes), and the same as a logical page
-  // (NVFP4/MXFP4/FP8 only; MXFP4 g is 1 there, the page scale being a layout detail).
+  // One KV head's part of a block (layout().bytes; latent caches: the whole latent page), and
+  // the same as a logical page (NVFP4/MXFP4/FP8 only; MXFP4 g is 1 there, the page scale
+  // being a layout detail; latent pages: unpack_latent_page of read_page's bytes).
   std::vector<uint8_t> read_page(int layer, int block, int head) const;
   ref::QuantPage read_quant_page(int layer, int block, int head, int tokens = kPage) const;
   SlotRows read_slot(int layer, int slot, int head) const;
@@ -137,6 +143,8 @@ class KvCache {
   long long block_stride() const { return dims_.block_stride; }  // bytes per block (all heads)
   const uint8_t* pool(int layer) const;                           // block b's head h: + b * block_stride() + h * layout().bytes
   const uint16_t* slot_buffer() const { return mem_.slots; }      // BF16 bits, layout.h slot_row_offset
+  // Latent caches: this layer's slot rows [max_slots][144][latent + rope] (MlaStep::slot_rows).
+  const uint16_t* latent_slot_rows(int layer) const;
   const int32_t* prefill_slot() const { return mem_.prefill_slot; }  // [1] slot of the chunk being prefilled
   const StepPlan& plan() const { return plan_; }
   const float* mu_k_device() const { return mem_.mu; }            // [layers][kv_heads][head_dim] or null
@@ -145,6 +153,7 @@ class KvCache {
 
  private:
   void check_layer(int layer) const;
+  SlotRows read_latent_slot(int layer, int slot) const;
 
   KvCacheConfig config_;
   Recipe recipe_;

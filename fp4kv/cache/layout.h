@@ -172,6 +172,9 @@ FP4KV_HD constexpr int bf16_v_offset(const PageLayout& l, int t, int c) { return
 // the GQA kernels read K; the context product transposes its expanded fragments in registers);
 // r rows: the BF16 positional keys [128][rope_dim], row-major. Each sub-array starts on a
 // 128-byte boundary.
+inline constexpr int kMlaLatentDim = 512;  // d_c: the latent sizes the GPU path supports (DeepSeek-V2/V3)
+inline constexpr int kMlaRopeDim = 64;     // d_r
+
 struct LatentPageLayout {
   KvFormat format = KvFormat::nvfp4;
   int latent_dim = 0, rope_dim = 0;
@@ -225,6 +228,14 @@ FP4KV_HD constexpr int latent_r_offset(const LatentPageLayout& l, int t, int c) 
 inline constexpr int kSlotRows = kSinkTokens + kPage;  // 144
 FP4KV_HD constexpr long slot_row_offset(int layer, int slot, int head, int kv, int row, int slots, int heads, int d) {
   return ((((long(layer) * slots + slot) * heads + head) * 2 + kv) * kSlotRows + row) * long(d);
+}
+
+// The latent cache's BF16 slot rows: per running request ("slot") and layer, 16 sink rows then
+// 128 recent rows (token t of the unfinished page in recent row t % 128), each the BF16
+// transformed latent c' [latent_dim] followed by the positional key r [rope_dim]:
+// [layers][slots][144][latent_dim + rope_dim], in BF16 elements.
+FP4KV_HD constexpr long latent_slot_row_offset(int layer, int slot, int row, int slots, int latent_dim, int rope_dim) {
+  return ((long(layer) * slots + slot) * kSlotRows + row) * long(latent_dim + rope_dim);
 }
 
 }  // namespace fp4kv::cache

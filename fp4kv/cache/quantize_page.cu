@@ -37,6 +37,7 @@ struct PageTask {
   int input_first = INT_MAX;     // token position of input row 0 (INT_MAX: no input)
   const float* input = nullptr;  // this head's row of token input_first (K or V)
   long long input_stride = 0;    // floats between consecutive tokens of the input
+  const float* rope_input = nullptr;  // latent caches: r of token input_first ([rope_dim] per token)
   unsigned long long* count = nullptr;  // where non-finite input elements are counted
 };
 
@@ -66,7 +67,7 @@ __device__ void build_page(const CacheDims& dims, const CacheMem& mem, const Pag
       cache_row<D>(task.input + (pos - task.input_first) * task.input_stride, mu, is_key, dims.smooth, dims.rotate,
                    lane, v, bad);
     } else {
-      load_bf16<E>(recent + (pos % kPage) * D + lane * E, v);
+      load_bf16<E>(recent + (pos % kPage) * dims.slot_row_stride() + lane * E, v);
     }
     store_bf16<E>(tile + t * D + lane * E, v);
   }
@@ -176,6 +177,36 @@ __device__ void build_page(const CacheDims& dims, const CacheMem& mem, const Pag
   __syncthreads();  // shared memory is reused by the next task of this CTA
 }
 
+// Latent caches: the page's positional-key rows, BF16 and never quantized, from the prefill
+// input (rounded here, non-finite elements counted and stored as 0) or from the slot's recent
+// rows; rows past n_present are zero.
+__device__ void copy_rope_rows(const CacheDims& dims, const CacheMem& mem, const PageTask& task) {
+  const int W = dims.rope_dim;
+  uint16_t* dst = reinterpret_cast<uint16_t*>(block_head(dims, mem, task.layer, task.block, 0) + dims.r_rows);
+  const uint16_t* recent = slot_row(dims, mem, task.layer, task.slot, 0, 1, kSinkTokens);
+  int bad = 0;
+  for (int e = threadIdx.x; e < kPage * W; e += kThreads) {  // uniform trip count (kPage * W % kThreads == 0)
+    const int t = e / W, c = e % W, pos = task.page * kPage + t;
+    uint16_t v = 0;
+    if (t < task.n_present && pos >= task.input_first) {
+      const float x = task.rope_input[static_cast<long long>(pos - task.input_first) * W + c];
+      if (is_finite(x)) v = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+      else ++bad;
+    } else if (t < task.n_present) {
+      v = recent[(pos % kPage) * dims.slot_row_stride() + c];
+    }
+    dst[e] = v;
+  }
+  flush_nonfinite(task.count, bad);
+}
+
+// One task: the page's K or V part; a latent cache's page: the latent, then its r rows.
+template <int D, KvFormat F>
+__device__ void build_task(const CacheDims& dims, const CacheMem& mem, const PageTask& task, uint8_t* smem) {
+  build_page<D, F>(dims, mem, task, smem);
+  if (dims.latent()) copy_rope_rows(dims, mem, task);
+}
+
 enum class PageMode { prefill, open_page, promote };
 
 struct PageKernelArgs {
@@ -221,8 +252,9 @@ __global__ void __launch_bounds__(kThreads) page_kernel(const PageKernelArgs a) 
     task.input_first = a.prefill.first;
     task.input = (task.kv == 0 ? a.prefill.k : a.prefill.v) + static_cast<long long>(task.head) * D;
     task.input_stride = static_cast<long long>(dims.heads) * D;
+    task.rope_input = a.prefill.v;
     task.count = a.mem.nonfinite;
-    build_page<D, F>(dims, a.mem, task, smem);
+    build_task<D, F>(dims, a.mem, task, smem);
   } else if (a.mode == PageMode::open_page) {
     if (cta_read(a.mem.error_flags) != 0) return;
     const int row = blockIdx.x;
@@ -233,7 +265,7 @@ __global__ void __launch_bounds__(kThreads) page_kernel(const PageKernelArgs a) 
     task.n_present = (seq - 1) % kPage + 1;
     task.block = a.step.block_tables[static_cast<long long>(row) * a.step.max_pages + task.page];
     task.slot = a.plan.row_slot[row];
-    build_page<D, F>(dims, a.mem, task, smem);
+    build_task<D, F>(dims, a.mem, task, smem);
   } else {
     if (cta_read(a.mem.error_flags) != 0) return;
     const int n = cta_read(a.mem.promote_count);
@@ -245,7 +277,7 @@ __global__ void __launch_bounds__(kThreads) page_kernel(const PageKernelArgs a) 
       task.block = a.plan.row_promote_block[row];
       task.slot = a.plan.row_slot[row];
       task.page = (a.step.seq_lens[row] - 1) / kPage;
-      build_page<D, F>(dims, a.mem, task, smem);
+      build_task<D, F>(dims, a.mem, task, smem);
     }
   }
 }
@@ -286,9 +318,13 @@ void launch(const PageKernelArgs& a, dim3 grid, cudaStream_t stream) {
     case 64: return launch_d<64>(a, grid, stream);
     case 128: return launch_d<128>(a, grid, stream);
     case 256: return launch_d<256>(a, grid, stream);
+    case kMlaLatentDim: return launch_d<kMlaLatentDim>(a, grid, stream);
     default: throw Error("cache page kernel: unsupported head_dim " + std::to_string(a.dims.d));
   }
 }
+
+// Quantized parts per page: K and V; a latent page has one (its r rows ride along).
+int kv_parts(const CacheDims& dims) { return dims.latent() ? 1 : 2; }
 
 }  // namespace
 
@@ -311,7 +347,7 @@ void launch_prefill_pages(const CacheDims& dims, const CacheMem& mem, const Pref
   a.mode = PageMode::prefill;
   a.prefill = args;
   a.page_lo = page_lo;
-  launch(a, dim3(page_hi - page_lo, dims.heads, 2), stream);
+  launch(a, dim3(page_hi - page_lo, dims.heads, kv_parts(dims)), stream);
 }
 
 void launch_requantize_open_pages(const CacheDims& dims, const CacheMem& mem, const StepPlan& plan,
@@ -322,7 +358,7 @@ void launch_requantize_open_pages(const CacheDims& dims, const CacheMem& mem, co
   a.mode = PageMode::open_page;
   a.step = step;
   a.plan = plan;
-  launch(a, dim3(step.batch, dims.heads, 2), stream);
+  launch(a, dim3(step.batch, dims.heads, kv_parts(dims)), stream);
 }
 
 void launch_promote(const CacheDims& dims, const CacheMem& mem, const StepPlan& plan, const StepArgs& step,
@@ -336,7 +372,7 @@ void launch_promote(const CacheDims& dims, const CacheMem& mem, const StepPlan& 
   // One CTA per (layer, head, K/V) and up to 4 promoting rows in parallel; each CTA loops
   // over the step's promotion list (usually empty: the CTAs exit at once).
   const int per_slice = step.batch < 4 ? step.batch : 4;
-  launch(a, dim3(dims.layers * dims.heads, per_slice, 2), stream);
+  launch(a, dim3(dims.layers * dims.heads, per_slice, kv_parts(dims)), stream);
 }
 
 }  // namespace fp4kv::cache::detail

@@ -55,6 +55,10 @@ class MlaSequence {
   MlaOutput decode(const float* q_c, const float* q_r, int H, int n_tokens) const;
 
   int size() const { return latent_.size(); }
+  // The cache as stored (what tests pack into GPU pages and slot rows): the latent as a key
+  // sequence (pages, BF16 rows) and the BF16 positional keys [n][d_r].
+  const HeadSequence& latent() const { return latent_; }
+  const std::vector<float>& rope_keys() const { return r_bf16_; }
   const MlaShape& shape() const { return shape_; }
 
  private:

@@ -85,22 +85,26 @@ TEST(MlaDecodeApi, UnsupportedShapesAndFormatsAreRefusedByName) {
   using attention::MlaDecodeAttention;
   using attention::MlaGeometry;
   const MlaCapacity cap{4, 8, 4};
-  auto error_of = [](const MlaGeometry& g, KvFormat f, const MlaCapacity& c) -> std::string {
+  auto error_of = [](const MlaGeometry& g, const std::string& recipe, const MlaCapacity& c) -> std::string {
     try {
-      MlaDecodeAttention::check_supported(g, f, c);
+      MlaDecodeAttention::check_supported(g, parse_recipe(recipe), c);
     } catch (const Error& e) {
       return e.what();
     }
     return "";
   };
-  EXPECT_EQ(error_of(MlaGeometry{16}, KvFormat::bf16, cap), "");
-  EXPECT_EQ(error_of(MlaGeometry{128}, KvFormat::bf16, cap), "");
-  EXPECT_NE(error_of(MlaGeometry{16}, KvFormat::nvfp4, cap).find("nvfp4"), std::string::npos);
-  EXPECT_NE(error_of(MlaGeometry{24}, KvFormat::bf16, cap).find("heads 24"), std::string::npos);
-  EXPECT_NE(error_of(MlaGeometry{16, 256}, KvFormat::bf16, cap).find("latent_dim 256"), std::string::npos);
-  EXPECT_NE(error_of(MlaGeometry{16}, KvFormat::bf16, MlaCapacity{0, 8, 4}).find("max_batch 0"), std::string::npos);
-  EXPECT_NE(error_of(MlaGeometry{16}, KvFormat::bf16, MlaCapacity{4, 0, 4}).find("max_pages 0"), std::string::npos);
-  EXPECT_NE(error_of(MlaGeometry{16}, KvFormat::bf16, MlaCapacity{4, 8, 0}).find("max_splits 0"), std::string::npos);
+  for (const char* ok : {"bf16", "nvfp4", "mxfp4", "nvfp4-vanilla", "mxfp4-vanilla", "nvfp4:no-rotate"}) {
+    EXPECT_EQ(error_of(MlaGeometry{16}, ok, cap), "") << ok;
+    EXPECT_EQ(error_of(MlaGeometry{128}, ok, cap), "") << ok;
+  }
+  EXPECT_NE(error_of(MlaGeometry{16}, "fp8", cap).find("fp8"), std::string::npos);
+  EXPECT_NE(error_of(MlaGeometry{16}, "nvfp4-native", cap).find("mixed mode"), std::string::npos);
+  EXPECT_NE(error_of(MlaGeometry{16}, "mxfp4-native", cap).find("mixed mode"), std::string::npos);
+  EXPECT_NE(error_of(MlaGeometry{24}, "bf16", cap).find("heads 24"), std::string::npos);
+  EXPECT_NE(error_of(MlaGeometry{16, 256}, "nvfp4", cap).find("latent_dim 256"), std::string::npos);
+  EXPECT_NE(error_of(MlaGeometry{16}, "bf16", MlaCapacity{0, 8, 4}).find("max_batch 0"), std::string::npos);
+  EXPECT_NE(error_of(MlaGeometry{16}, "bf16", MlaCapacity{4, 0, 4}).find("max_pages 0"), std::string::npos);
+  EXPECT_NE(error_of(MlaGeometry{16}, "bf16", MlaCapacity{4, 8, 0}).find("max_splits 0"), std::string::npos);
 }
 
 }  // namespace
