@@ -71,6 +71,16 @@ __device__ __forceinline__ const uint8_t* page_base(const MlaArgs& a, int row, i
   return a.pool + size_t(a.block_tables[size_t(row) * a.max_pages + page]) * size_t(a.block_stride);
 }
 
+// O = rescale O + P C with the page factor: O stays in units of the current tile's factor f.
+template <class Mma>
+__device__ __forceinline__ void context_in_units(uint32_t p_tile, uint32_t c_tile, const float (&alpha)[2], float f,
+                                                 MlaState& st) {
+  const float ratio = st.units == 0.0f || st.units == f ? 1.0f : __fdiv_rn(st.units, f);
+  st.units = f;
+  const float rescale[2] = {alpha[0] * ratio, alpha[1] * ratio};
+  tile_context<Mma>(p_tile, c_tile, rescale, st.o);
+}
+
 // Softmax and context of a tile whose masked base-2 logits are `s` and whose C tile (of
 // Mma's type) holds page factor f.
 template <class Mma>
@@ -79,16 +89,12 @@ __device__ __forceinline__ void softmax_context(const float (&s)[4], float f, ui
   float alpha[2];
   tile_softmax<Mma>(s, smem + (p_tile - smem_u32(smem)), reinterpret_cast<float*>(smem + max_off),
                     reinterpret_cast<float*>(smem + sum_off), st.sm, alpha);
-  const float ratio = st.units == 0.0f || st.units == f ? 1.0f : __fdiv_rn(st.units, f);
-  st.units = f;
-  const float rescale[2] = {alpha[0] * ratio, alpha[1] * ratio};
-  tile_context<Mma>(p_tile, c_tile, rescale, st.o);
+  context_in_units<Mma>(p_tile, c_tile, alpha, f, st);
 }
 
-// Shared memory of stage i % 2.
-template <KvFormat F>
-__device__ __forceinline__ uint8_t* stage_ptr(uint8_t* smem, int i) {
-  return smem + MlaSmemPlan<F>::kStage + (i % 2) * MlaSmemPlan<F>::kStageBytes;
+// BF16 cache: shared memory of stage i % 2.
+__device__ __forceinline__ uint8_t* bf16_stage(uint8_t* smem, int i) {
+  return smem + MlaBf16Plan::kStage + (i % 2) * MlaBf16Plan::kStageBytes;
 }
 
 // BF16 cache: copies page tile `tile` of the row (C, then R after it) into a stage.
@@ -103,22 +109,21 @@ __device__ __forceinline__ void load_bf16_page_tile(const MlaArgs& a, int row, c
 
 // BF16 cache: the split's tiles straight from the pool pages, double-buffered.
 __device__ void run_bf16_pages(const MlaArgs& a, int row, int split, uint8_t* smem, MlaState& st) {
-  constexpr KvFormat F = KvFormat::bf16;
-  using Plan = MlaSmemPlan<F>;
-  const PageTiles pt = page_tiles(cache::attended_layout(row_tokens(a, row), F, false, true));
+  using Plan = MlaBf16Plan;
+  const PageTiles pt = page_tiles(cache::attended_layout(row_tokens(a, row), KvFormat::bf16, false, true));
   const TileRange tr = split_range(pt.count, a.splits, split);
   if (tr.first >= tr.end) return;
   const uint32_t qb = smem_u32(smem + Plan::kQb), p_tile = smem_u32(smem + Plan::kP);
   load_queries_bf16(a.query.q_c, a.query.q_r, size_t(row) * a.heads + blockIdx.y * kMlaHeadsPerCta, qb);
-  load_bf16_page_tile(a, row, pt, tr.first, smem_u32(stage_ptr<F>(smem, 0)));
+  load_bf16_page_tile(a, row, pt, tr.first, smem_u32(bf16_stage(smem, 0)));
   cp_async_commit();
   for (int tile = tr.first; tile < tr.end; ++tile) {
     const int i = tile - tr.first;
-    const uint32_t stage = smem_u32(stage_ptr<F>(smem, i));
+    const uint32_t stage = smem_u32(bf16_stage(smem, i));
     cp_async_wait<0>();
     __syncthreads();  // [0]
     if (tile + 1 < tr.end) {
-      load_bf16_page_tile(a, row, pt, tile + 1, smem_u32(stage_ptr<F>(smem, i + 1)));
+      load_bf16_page_tile(a, row, pt, tile + 1, smem_u32(bf16_stage(smem, i + 1)));
       cp_async_commit();
     }
     float s[4] = {};
@@ -131,54 +136,65 @@ __device__ void run_bf16_pages(const MlaArgs& a, int row, int split, uint8_t* sm
   }
 }
 
-// FP4 caches: the split's page tiles, raw stages double-buffered, expanded into the C tile.
+// FP4 caches: the split's page tiles. Per tile: [0] codes and R landed, C free; expand;
+// [expanded] the raw stage is free: the next tile's codes start; S; after the softmax's
+// barriers every warp is past S: the next tile's R starts; P C.
 template <KvFormat F>
 __device__ void run_fp4_pages(const MlaArgs& a, int row, int split, const PageTiles& pt, uint8_t* smem,
                               MlaState& st) {
-  using Plan = MlaSmemPlan<F>;
+  using Plan = MlaFp4Plan<F>;
   using Raw = MlaFp4Raw<F>;
   const TileRange tr = split_range(pt.count, a.splits, split);
   if (tr.first >= tr.end) return;
-  const uint32_t qb = smem_u32(smem + Plan::kQb), q16 = smem_u32(smem + Plan::kQ16);
-  const uint32_t c_tile = smem_u32(smem + Plan::kC), p_tile = smem_u32(smem + Plan::kP);
-  load_fp4_tile<F>(page_base(a, row, tr.first / kMlaTilesPerPage), a.layout, tr.first % kMlaTilesPerPage,
-                   page_tile_rows(pt, tr.first), smem_u32(stage_ptr<F>(smem, 0)));
+  const uint32_t q16 = smem_u32(smem + Plan::kQ), qr = smem_u32(smem + Plan::kQr);
+  const uint32_t c_tile = smem_u32(smem + Plan::kC), r_tile = smem_u32(smem + Plan::kR);
+  const uint32_t raw = smem_u32(smem + Plan::kRaw), p_tile = smem_u32(smem + Plan::kP);
+  const int half0 = tr.first % kMlaTilesPerPage;
+  const uint8_t* page0 = page_base(a, row, tr.first / kMlaTilesPerPage);
+  load_fp4_codes<F>(page0, a.layout, half0, raw);
+  load_page_rope(page0, a.layout, half0, page_tile_rows(pt, tr.first), r_tile);
   cp_async_commit();
   for (int tile = tr.first; tile < tr.end; ++tile) {
-    const int i = tile - tr.first;
-    const uint8_t* raw = stage_ptr<F>(smem, i);
     const TileRows rows = page_tile_rows(pt, tile);
+    const bool next = tile + 1 < tr.end;
+    const uint8_t* next_page = next ? page_base(a, row, (tile + 1) / kMlaTilesPerPage) : nullptr;
     cp_async_wait<0>();
     __syncthreads();  // [0]
-    if (tile + 1 < tr.end) {
-      load_fp4_tile<F>(page_base(a, row, (tile + 1) / kMlaTilesPerPage), a.layout, (tile + 1) % kMlaTilesPerPage,
-                       page_tile_rows(pt, tile + 1), smem_u32(stage_ptr<F>(smem, i + 1)));
+    const float page_scale = *reinterpret_cast<const float*>(smem + Plan::kRaw + Raw::kPageScale);
+    expand_fp4_tile<F>(smem + Plan::kRaw, page_scale, rows, smem + Plan::kC);
+    __syncthreads();  // [expanded]
+    if (next) {
+      load_fp4_codes<F>(next_page, a.layout, (tile + 1) % kMlaTilesPerPage, raw);
       cp_async_commit();
     }
-    expand_fp4_tile<F>(raw, rows, smem + Plan::kC);
-    __syncthreads();  // [expanded]
-    const float f = fp4_tile_factor<F>(*reinterpret_cast<const float*>(raw + Raw::kPageScale));
+    const float f = fp4_tile_factor<F>(page_scale);
     float sc[4] = {}, sr[4] = {}, s[4];
     tile_scores<MmaF16, kLatentChunks, kLatentChunks>(q16, 0, c_tile, sc);
-    tile_scores<MmaBf16, kRopeChunks, kQkChunks>(qb, kLatentChunks, smem_u32(raw + Raw::kR), sr);
+    tile_scores<MmaBf16, kRopeChunks, kRopeChunks>(qr, 0, r_tile, sr);
     // The reference's order: ((S_c x g) x gamma) + (S_r x gamma).
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       s[e] = __fadd_rn(__fmul_rn(__fmul_rn(sc[e], f), a.scale_log2), __fmul_rn(sr[e], a.scale_log2));
     mask_scores(rows, s);
-    softmax_context<MmaF16>(s, f, smem, p_tile, c_tile, Plan::kMax, Plan::kSum, st);
+    float alpha[2];
+    tile_softmax<MmaF16>(s, smem + Plan::kP, reinterpret_cast<float*>(smem + Plan::kMax),
+                         reinterpret_cast<float*>(smem + Plan::kSum), st.sm, alpha);
+    if (next) {  // every warp is past S (two barriers in the softmax)
+      load_page_rope(next_page, a.layout, (tile + 1) % kMlaTilesPerPage, page_tile_rows(pt, tile + 1), r_tile);
+      cp_async_commit();
+    }
+    context_in_units<MmaF16>(p_tile, c_tile, alpha, f, st);
   }
 }
 
 // FP4 caches: the row's BF16 sink and recent rows from its slot (at most three tiles).
 template <KvFormat F>
 __device__ void run_slot_rows(const MlaArgs& a, int row, const DecodeLayout& l, uint8_t* smem, MlaState& st) {
-  using Plan = MlaSmemPlan<F>;
-  using Raw = MlaFp4Raw<F>;
+  using Plan = MlaFp4Plan<F>;
   const int slot = a.row_slot[row];
   if (slot < 0 || l.bf16_tokens() == 0) return;
-  const uint32_t qb = smem_u32(smem + Plan::kQb), c_tile = smem_u32(smem + Plan::kC);
-  const uint32_t r_tile = smem_u32(smem + Plan::kStage + Raw::kR), p_tile = smem_u32(smem + Plan::kP);
+  const uint32_t qb = smem_u32(smem + Plan::kQ), c_tile = smem_u32(smem + Plan::kC);
+  const uint32_t r_tile = smem_u32(smem + Plan::kR), p_tile = smem_u32(smem + Plan::kP);
   constexpr int kRowBytes = kMlaQk * 2;
   const uint8_t* rows0 = reinterpret_cast<const uint8_t*>(a.slot_rows) + size_t(slot) * cache::kSlotRows * kRowBytes;
   const int recent = l.recent_end - l.recent_begin;
@@ -220,16 +236,16 @@ __device__ __forceinline__ void store_partial(const MlaArgs& a, int row, const M
   }
 }
 
-// Grid (batch, heads / 16, parts).
+// Grid (batch, heads / 16, parts). FP4 caches: two CTAs per SM (MlaFp4Plan).
 template <KvFormat F>
-__global__ void __launch_bounds__(kMlaThreads) mla_split_kernel(const MlaArgs a) {
+__global__ void __launch_bounds__(kMlaThreads, F == KvFormat::bf16 ? 1 : kMlaFp4CtasPerSm)
+    mla_split_kernel(const MlaArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int row = blockIdx.x;
   MlaState st;
   if constexpr (F == KvFormat::bf16) {
     run_bf16_pages(a, row, blockIdx.z, smem, st);
   } else {
-    using Plan = MlaSmemPlan<F>;
     const DecodeLayout l = cache::attended_layout(row_tokens(a, row), F, a.sink, a.recent);
     const PageTiles pt = page_tiles(l);
     const bool slot_cta = int(blockIdx.z) == a.splits;
@@ -237,8 +253,8 @@ __global__ void __launch_bounds__(kMlaThreads) mla_split_kernel(const MlaArgs a)
     const bool has_work = slot_cta ? l.bf16_tokens() > 0 && a.row_slot[row] >= 0 : tr.first < tr.end;
     if (has_work || blockIdx.z == 0) {
       float shift[2];
-      load_queries_fp4(a.query, size_t(row) * a.heads + blockIdx.y * kMlaHeadsPerCta, smem + Plan::kQb,
-                       smem + Plan::kQ16, shift);
+      load_queries_fp4(a.query, size_t(row) * a.heads + blockIdx.y * kMlaHeadsPerCta, slot_cta,
+                       smem + MlaFp4Plan<F>::kQ, shift);
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
       if (blockIdx.z == 0 && lane == 0) {
         for (int hh = 0; hh < 2; ++hh)
@@ -316,15 +332,21 @@ __global__ void __launch_bounds__(kCombineWarps * 32) mla_combine_kernel(const M
 }
 
 template <KvFormat F>
+constexpr int split_smem_bytes() {
+  if constexpr (F == KvFormat::bf16) return MlaBf16Plan::kBytes;
+  else return MlaFp4Plan<F>::kBytes;
+}
+
+template <KvFormat F>
 void set_smem_limit() {
   cache::cuda_check(cudaFuncSetAttribute(mla_split_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         MlaSmemPlan<F>::kBytes),
+                                         split_smem_bytes<F>()),
                     "MlaDecodeAttention: shared-memory limit of the split kernel");
 }
 
 template <KvFormat F>
 void launch_split(const MlaArgs& a, dim3 grid, cudaStream_t stream) {
-  mla_split_kernel<F><<<grid, kMlaThreads, MlaSmemPlan<F>::kBytes, stream>>>(a);
+  mla_split_kernel<F><<<grid, kMlaThreads, split_smem_bytes<F>(), stream>>>(a);
 }
 
 }  // namespace

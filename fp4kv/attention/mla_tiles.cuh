@@ -47,37 +47,51 @@ inline constexpr int kRTileBytes = kMlaTileTokens * kMlaRope * 2;
 inline constexpr int kPTileBytes = kMlaHeadsPerCta * kMlaTileTokens * 2;
 inline constexpr int kReduceBytes = kMlaWarps * kMlaHeadsPerCta * 4;
 
-// One FP4 tile as it arrives (a raw stage): the codes of 64 tokens (4 key groups of the
-// page's fragment order, layout.h), their block scales, the R rows (swizzled) and the page
-// scales.
+// One FP4 tile as it arrives (the raw stage): the codes of 64 tokens (4 key groups of the
+// page's fragment order, layout.h), their block scales and the page scales. The tile's R
+// rows go straight to the R tile.
 template <KvFormat F>
 struct MlaFp4Raw {
   static constexpr int kBlock = F == KvFormat::nvfp4 ? 16 : 32;
   static constexpr int kBlocksPerRow = kMlaLatent / kBlock;
   static constexpr int kCodes = 0, kCodeBytes = kMlaTileTokens * kMlaLatent / 2;
   static constexpr int kScales = kCodes + kCodeBytes, kScaleBytes = kMlaTileTokens * kBlocksPerRow;
-  static constexpr int kR = kScales + kScaleBytes;
-  static constexpr int kPageScale = kR + kRTileBytes;
+  static constexpr int kPageScale = kScales + kScaleBytes;
   static constexpr int kBytes = kPageScale + kChunkBytes;
 };
 
-// Shared-memory plans. BF16 cache: Qb, two stages of (C, R), P, the reductions. FP4 caches:
-// Qb, Q16, one expanded C tile, two raw stages, P, the reductions (the slot rows' CTA loads
-// its BF16 C into the C tile and its R into raw stage 0).
-template <KvFormat F>
-struct MlaSmemPlan {
-  static constexpr bool kFp4 = F != KvFormat::bf16;
-  static constexpr int kStageBytes = kFp4 ? MlaFp4Raw<F>::kBytes : kCTileBytes + kRTileBytes;
+// Shared-memory plan of the BF16 cache's kernel: Qb, two stages of (C, R), P, the reductions
+// (165 KB: one CTA per SM, 144 KB of copies in flight).
+struct MlaBf16Plan {
+  static constexpr int kStageBytes = kCTileBytes + kRTileBytes;
   static constexpr int kQb = 0;
-  static constexpr int kQ16 = kQb + kQbBytes;
-  static constexpr int kC = kQ16 + (kFp4 ? kQ16Bytes : 0);  // FP4: the expanded tile
-  static constexpr int kStage = kC + (kFp4 ? kCTileBytes : 0);
+  static constexpr int kStage = kQb + kQbBytes;
   static constexpr int kP = kStage + 2 * kStageBytes;
   static constexpr int kMax = kP + kPTileBytes;
   static constexpr int kSum = kMax + kReduceBytes;
   static constexpr int kBytes = kSum + kReduceBytes;
-  static_assert(kStageBytes % 128 == 0 || kFp4, "stages stay 128-byte aligned");
 };
+
+// Shared-memory plan of the FP4 kernels, sized for two CTAs per SM (111 KB): the query (page
+// CTAs: Q16 then Qr [16][64] BF16; the slot-row CTA: Qb), one expanded C tile, one R tile,
+// one raw stage, P, the reductions. One raw stage suffices: the next tile's codes are copied
+// once this tile is expanded, its R rows once this tile's scores are done, and both land
+// while the softmax and P C run.
+template <KvFormat F>
+struct MlaFp4Plan {
+  static constexpr int kQ = 0;
+  static constexpr int kQr = kQ16Bytes;  // page CTAs
+  static constexpr int kC = kQ + kQbBytes;
+  static constexpr int kR = kC + kCTileBytes;
+  static constexpr int kRaw = kR + kRTileBytes;
+  static constexpr int kP = kRaw + MlaFp4Raw<F>::kBytes;
+  static constexpr int kMax = kP + kPTileBytes;
+  static constexpr int kSum = kMax + kReduceBytes;
+  static constexpr int kBytes = kSum + kReduceBytes;
+  static_assert(kQbBytes >= kQ16Bytes + kMlaHeadsPerCta * kMlaRope * 2, "the page CTA's Q16 and Qr fit Qb's place");
+  static_assert(kBytes <= 113 * 1024, "two CTAs per SM");
+};
+inline constexpr int kMlaFp4CtasPerSm = 2;
 
 // Byte offset of chunk `ch` of row `row` in a tile of `chunks` chunks per row.
 __device__ __forceinline__ uint32_t swizzled(int row, int ch, int chunks) {
@@ -150,11 +164,11 @@ __device__ __forceinline__ void load_bf16_rows(const uint8_t* c_src, const uint8
   }
 }
 
-// Copies half `half` of an FP4 latent page (its codes and scales are contiguous per 64 tokens,
-// layout.h) into a raw stage; R rows outside `v` zero-filled.
+// Copies the codes, block scales and page scales of half `half` of an FP4 latent page (each
+// contiguous per 64 tokens, layout.h) into the raw stage.
 template <KvFormat F>
-__device__ __forceinline__ void load_fp4_tile(const uint8_t* page, const cache::LatentPageLayout& l, int half,
-                                              const TileRows& v, uint32_t raw) {
+__device__ __forceinline__ void load_fp4_codes(const uint8_t* page, const cache::LatentPageLayout& l, int half,
+                                               uint32_t raw) {
   using Raw = MlaFp4Raw<F>;
   const uint8_t* codes = page + l.c_codes + half * Raw::kCodeBytes;
   for (int i = threadIdx.x; i < Raw::kCodeBytes / kChunkBytes; i += kMlaThreads)
@@ -162,14 +176,20 @@ __device__ __forceinline__ void load_fp4_tile(const uint8_t* page, const cache::
   const uint8_t* scales = page + l.c_scales + half * Raw::kScaleBytes;
   for (int i = threadIdx.x; i < Raw::kScaleBytes / kChunkBytes; i += kMlaThreads)
     cp_async16(raw + Raw::kScales + i * kChunkBytes, scales + i * kChunkBytes);
+  if (threadIdx.x == 0) cp_async16(raw + Raw::kPageScale, page + l.page_scales);
+}
+
+// Copies the R rows of half `half` of a latent page into the R tile; rows outside `v`
+// zero-filled.
+__device__ __forceinline__ void load_page_rope(const uint8_t* page, const cache::LatentPageLayout& l, int half,
+                                               const TileRows& v, uint32_t r_tile) {
   const uint8_t* r_rows = page + l.r_rows + size_t(half) * kMlaTileTokens * kMlaRope * 2;
   for (int i = threadIdx.x; i < kMlaTileTokens * kRopeChunks; i += kMlaThreads) {
     const int r = i / kRopeChunks, ch = i % kRopeChunks;
     const bool ok = v.has(r);
-    cp_async16(raw + Raw::kR + swizzled(r, ch, kRopeChunks), ok ? r_rows + (r * kRopeChunks + ch) * kChunkBytes : r_rows,
+    cp_async16(r_tile + swizzled(r, ch, kRopeChunks), ok ? r_rows + (r * kRopeChunks + ch) * kChunkBytes : r_rows,
                ok ? kChunkBytes : 0);
   }
-  if (threadIdx.x == 0) cp_async16(raw + Raw::kPageScale, page + l.page_scales);
 }
 
 // FP16 bits of 2^x for an MXFP4 block relative to its page: 0 below FP16's smallest
@@ -193,11 +213,11 @@ __device__ __forceinline__ float fp4_tile_factor(float page_scale) {
 // outside `v` are zero). A thread takes one 16-byte part: the 4 k-steps of one lane of one
 // 16-token group, i.e. 8 codes of rows r, r + 8 at 16 channels each.
 template <KvFormat F>
-__device__ __forceinline__ void expand_fp4_tile(const uint8_t* raw, const TileRows& v, uint8_t* c_tile) {
+__device__ __forceinline__ void expand_fp4_tile(const uint8_t* raw, float page_scale, const TileRows& v,
+                                                uint8_t* c_tile) {
   using Raw = MlaFp4Raw<F>;
   constexpr int kParts = Raw::kCodeBytes / kChunkBytes;  // 1024
   constexpr int kKstepGroups = kMlaLatent / 64;          // 16-byte parts per lane and key group: 8
-  const float page_scale = *reinterpret_cast<const float*>(raw + Raw::kPageScale);
   const int pe = F == KvFormat::mxfp4 ? ilogbf(page_scale) : 0;
   for (int i = threadIdx.x; i < kParts; i += kMlaThreads) {
     const int lane = i % 32, kq = (i / 32) % kKstepGroups, group = i / (32 * kKstepGroups);
@@ -244,9 +264,30 @@ __device__ __forceinline__ void load_queries_bf16(const __nv_bfloat16* q_c, cons
   }
 }
 
+// The two MMA operand types: BF16 (BF16 rows) and FP16 (expanded FP4 tiles).
+struct MmaBf16 {
+  __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    mma_bf16(c, a, b0, b1);
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+};
+struct MmaF16 {
+  __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    mma_f16(c, a, b0, b1);
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+};
+
 // FP4 caches: warp w prepares heads 2w, 2w + 1: q_c' = H q_c (non-finite elements zeroed, as
-// the reference does) as FP16 into Q16 and as BF16 into Qb, q_r into Qb; returns through
-// `shift` (lanes of every warp, per head of the pair) q_c . mu_c, the logit offset smoothing
+// the reference does), q_r as given. Page CTAs: q_c' as FP16 into Q16 at `q`, q_r into Qr
+// ([16][64] BF16) at q + kQ16Bytes. The slot-row CTA: [q_c' | q_r] as BF16 into Qb at `q`.
+// Returns through `shift` (per head of the pair) q_c . mu_c, the logit offset smoothing
 // removed (0 without mu_c).
 struct QueryArgs {
   const __nv_bfloat16* q_c = nullptr;
@@ -254,7 +295,7 @@ struct QueryArgs {
   const float* mu_c = nullptr;
   bool rotate = false;
 };
-__device__ __forceinline__ void load_queries_fp4(const QueryArgs& a, size_t head0, uint8_t* qb, uint8_t* q16,
+__device__ __forceinline__ void load_queries_fp4(const QueryArgs& a, size_t head0, bool slot_cta, uint8_t* q,
                                                  float (&shift)[2]) {
   constexpr int E = kMlaLatent / 32;  // channels per lane
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -284,62 +325,46 @@ __device__ __forceinline__ void load_queries_fp4(const QueryArgs& a, size_t head
     if (a.rotate) cache::detail::warp_fwht<kMlaLatent>(x, lane);
 #pragma unroll
     for (int part = 0; part < E / kChunkElems; ++part) {
-      uint32_t h[4], b[4];
+      uint32_t w[4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const __half2 hv = __floats2half2_rn(x.x[part * 8 + 2 * k], x.x[part * 8 + 2 * k + 1]);
-        const __nv_bfloat162 bv = __floats2bfloat162_rn(x.x[part * 8 + 2 * k], x.x[part * 8 + 2 * k + 1]);
-        h[k] = *reinterpret_cast<const uint32_t*>(&hv);
-        b[k] = *reinterpret_cast<const uint32_t*>(&bv);
-      }
+      for (int k = 0; k < 4; ++k)
+        w[k] = slot_cta ? MmaBf16::pack(x.x[part * 8 + 2 * k], x.x[part * 8 + 2 * k + 1])
+                        : MmaF16::pack(x.x[part * 8 + 2 * k], x.x[part * 8 + 2 * k + 1]);
       const int ch = lane * (E / kChunkElems) + part;
-      *reinterpret_cast<uint4*>(q16 + swizzled(hl, ch, kLatentChunks)) = make_uint4(h[0], h[1], h[2], h[3]);
-      *reinterpret_cast<uint4*>(qb + swizzled(hl, ch, kQkChunks)) = make_uint4(b[0], b[1], b[2], b[3]);
+      *reinterpret_cast<uint4*>(q + swizzled(hl, ch, slot_cta ? kQkChunks : kLatentChunks)) =
+          make_uint4(w[0], w[1], w[2], w[3]);
     }
-    if (lane < kRopeChunks)
-      *reinterpret_cast<uint4*>(qb + swizzled(hl, kLatentChunks + lane, kQkChunks)) =
-          reinterpret_cast<const uint4*>(a.q_r + head * kMlaRope)[lane];
+    if (lane < kRopeChunks) {
+      const uint4 r = reinterpret_cast<const uint4*>(a.q_r + head * kMlaRope)[lane];
+      if (slot_cta) *reinterpret_cast<uint4*>(q + swizzled(hl, kLatentChunks + lane, kQkChunks)) = r;
+      else *reinterpret_cast<uint4*>(q + kQ16Bytes + swizzled(hl, lane, kRopeChunks)) = r;
+    }
   }
 }
 
 // ---- The three steps of a tile -------------------------------------------------------------
 
-struct MmaBf16 {
-  __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    mma_bf16(c, a, b0, b1);
-  }
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-};
-struct MmaF16 {
-  __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    mma_f16(c, a, b0, b1);
-  }
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-};
-
 // s[16 heads][8 tokens 8w ..] += Q[:, chunks q_ch0 ..] X^T for the warp's tokens: X a
 // row-major tile [64][kXChunks], Q [16][kQChunks], both swizzled; two k-steps per iteration.
+// The even and odd k-steps accumulate in two independent chains (summed at the end), so
+// consecutive MMAs do not wait on each other's results.
 template <class Mma, int kXChunks, int kQChunks>
 __device__ __forceinline__ void tile_scores(uint32_t q_tile, int q_ch0, uint32_t x_tile, float (&s)[4]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int key_row = warp * 8 + lane % 8;
+  float odd[4] = {};
 #pragma unroll 4
   for (int kp = 0; kp < kXChunks / 4; ++kp) {
     uint32_t b[4];  // k-step 2kp: b[0], b[1]; 2kp + 1: b[2], b[3]
     ldmatrix_x4(b, x_tile + swizzled(key_row, 4 * kp + lane / 8, kXChunks));
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint32_t qa[4];
-      ldmatrix_x4(qa, q_tile + swizzled(lane % 16, q_ch0 + 2 * (2 * kp + half) + lane / 16, kQChunks));
-      Mma::run(s, qa, b[2 * half], b[2 * half + 1]);
-    }
+    uint32_t qa[4], qb[4];
+    ldmatrix_x4(qa, q_tile + swizzled(lane % 16, q_ch0 + 4 * kp + lane / 16, kQChunks));
+    ldmatrix_x4(qb, q_tile + swizzled(lane % 16, q_ch0 + 4 * kp + 2 + lane / 16, kQChunks));
+    Mma::run(s, qa, b[0], b[1]);
+    Mma::run(odd, qb, b[2], b[3]);
   }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) s[e] += odd[e];
 }
 
 // The running softmax of the thread's two rows (heads g and g + 8 of the tile).
