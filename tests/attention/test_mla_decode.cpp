@@ -50,6 +50,35 @@ std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
   return out;
 }
 
+// Runs one step (BF16 or FP32 output) and returns the output and LSE.
+struct GpuResult {
+  std::vector<float> out, lse;
+};
+GpuResult run_gpu(MlaDecodeAttention& attn, const MlaStep& step, const __nv_bfloat16* q_c, const __nv_bfloat16* q_r,
+                  int heads_total, bool bf16_out) {
+  GpuResult g;
+  testing::DeviceBuffer<float> d_lse(heads_total);
+  if (bf16_out) {
+    testing::DeviceBuffer<__nv_bfloat16> d_out(size_t(heads_total) * kDc);
+    attn.run(step, q_c, q_r, d_out.get(), d_lse.get());
+    for (__nv_bfloat16 x : d_out.download()) g.out.push_back(__bfloat162float(x));
+  } else {
+    testing::DeviceBuffer<float> d_out(size_t(heads_total) * kDc);
+    attn.run(step, q_c, q_r, d_out.get(), d_lse.get());
+    g.out = d_out.download();
+  }
+  g.lse = d_lse.download();
+  return g;
+}
+
+// A row with no tokens: output 0 and LSE -inf for every head.
+void expect_empty_row(const std::vector<float>& out, const std::vector<float>& lse, size_t row, int H) {
+  for (int h = 0; h < H; ++h) {
+    EXPECT_TRUE(std::isinf(lse[row + h]) && lse[row + h] < 0) << "empty row, head " << h;
+    for (int x = 0; x < kDc; ++x) ASSERT_EQ(out[(row + h) * kDc + x], 0.0f) << "empty row";
+  }
+}
+
 struct MlaCase {
   int heads, splits;
   bool bf16_out;
@@ -89,34 +118,14 @@ void run_case(const MlaCase& mc) {
   testing::DeviceBuffer<uint8_t> d_pool(pool);
   testing::DeviceBuffer<int32_t> d_tables(tables), d_lens(std::vector<int32_t>(lens.begin(), lens.end()));
   testing::DeviceBuffer<__nv_bfloat16> d_qc(to_bf16(q_c_all)), d_qr(to_bf16(q_r_all));
-  testing::DeviceBuffer<float> d_lse(size_t(batch) * H);
-  MlaStep step;
-  step.pool = d_pool.get();
-  step.block_stride = L.bytes;
-  step.block_tables = d_tables.get();
-  step.seq_lens = d_lens.get();
-  step.batch = batch;
-  step.splits = mc.splits;
-  std::vector<float> out;
-  if (mc.bf16_out) {
-    testing::DeviceBuffer<__nv_bfloat16> d_out(size_t(batch) * H * kDc);
-    attn.run(step, d_qc.get(), d_qr.get(), d_out.get(), d_lse.get());
-    for (__nv_bfloat16 x : d_out.download()) out.push_back(__bfloat162float(x));
-  } else {
-    testing::DeviceBuffer<float> d_out(size_t(batch) * H * kDc);
-    attn.run(step, d_qc.get(), d_qr.get(), d_out.get(), d_lse.get());
-    out = d_out.download();
-  }
-  const std::vector<float> lse = d_lse.download();
+  MlaStep step{d_pool.get(), L.bytes, d_tables.get(), d_lens.get(), batch, mc.splits};
+  const auto [out, lse] = run_gpu(attn, step, d_qc.get(), d_qr.get(), batch * H, mc.bf16_out);
 
   const ref::MlaShape shape{kDc, kDr, 128};
   for (int b = 0; b < batch; ++b) {
     const size_t row = size_t(b) * H;
     if (lens[b] == 0) {
-      for (int h = 0; h < H; ++h) {
-        EXPECT_TRUE(std::isinf(lse[row + h]) && lse[row + h] < 0) << "empty row, head " << h;
-        for (int x = 0; x < kDc; ++x) ASSERT_EQ(out[(row + h) * kDc + x], 0.0f) << "empty row";
-      }
+      expect_empty_row(out, lse, row, H);
       continue;
     }
     const ref::MlaOutput want = ref::exact_mla(qc[b].data(), qr[b].data(), H, c[b].data(), r[b].data(), lens[b], shape);
@@ -327,36 +336,16 @@ void run_fp4_case(const Fp4Case& fc) {
   testing::DeviceBuffer<uint16_t> d_slot_rows(slot_rows);
   testing::DeviceBuffer<float> d_mu(mu);
   testing::DeviceBuffer<__nv_bfloat16> d_qc(to_bf16(q_c_all)), d_qr(to_bf16(q_r_all));
-  testing::DeviceBuffer<float> d_lse(size_t(batch) * H);
-  MlaStep step;
-  step.pool = d_pool.get();
-  step.block_stride = L.bytes;
-  step.block_tables = d_tables.get();
-  step.seq_lens = d_lens.get();
-  step.batch = batch;
-  step.splits = fc.splits;
+  MlaStep step{d_pool.get(), L.bytes, d_tables.get(), d_lens.get(), batch, fc.splits};
   step.slot_rows = d_slot_rows.get();
   step.row_slot = d_slot.get();
   step.mu_c = d_mu.get();
-  std::vector<float> out;
-  if (fc.bf16_out) {
-    testing::DeviceBuffer<__nv_bfloat16> d_out(size_t(batch) * H * kDc);
-    attn.run(step, d_qc.get(), d_qr.get(), d_out.get(), d_lse.get());
-    for (__nv_bfloat16 x : d_out.download()) out.push_back(__bfloat162float(x));
-  } else {
-    testing::DeviceBuffer<float> d_out(size_t(batch) * H * kDc);
-    attn.run(step, d_qc.get(), d_qr.get(), d_out.get(), d_lse.get());
-    out = d_out.download();
-  }
-  const std::vector<float> lse = d_lse.download();
+  const auto [out, lse] = run_gpu(attn, step, d_qc.get(), d_qr.get(), batch * H, fc.bf16_out);
 
   for (int b = 0; b < batch; ++b) {
     const size_t row = size_t(b) * H;
     if (lens[b] == 0) {
-      for (int h = 0; h < H; ++h) {
-        EXPECT_TRUE(std::isinf(lse[row + h]) && lse[row + h] < 0) << "empty row, head " << h;
-        for (int x = 0; x < kDc; ++x) ASSERT_EQ(out[(row + h) * kDc + x], 0.0f) << "empty row";
-      }
+      expect_empty_row(out, lse, row, H);
       continue;
     }
     double worst = 0, worst_lse = 0;

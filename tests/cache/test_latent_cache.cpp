@@ -34,6 +34,11 @@ std::vector<float> latents(int n, unsigned seed) {
   return c;
 }
 
+KvCacheConfig latent_config(int layers, int num_blocks, int slots, int max_batch) {
+  return KvCacheConfig{.layers = layers, .kv_heads = 1, .head_dim = kDc, .num_blocks = num_blocks, .max_slots = slots,
+                       .max_batch = max_batch, .max_pages = kMaxPages, .rope_dim = kDr};
+}
+
 struct LatentHarness {
   KvCacheConfig cfg;
   Recipe recipe;
@@ -43,15 +48,7 @@ struct LatentHarness {
   std::unique_ptr<KvCache> cache;
   int n = 0;
 
-  LatentHarness(const std::string& spec, int n_total) : recipe(parse_recipe(spec)) {
-    cfg.layers = kLayers;
-    cfg.kv_heads = 1;
-    cfg.head_dim = kDc;
-    cfg.rope_dim = kDr;
-    cfg.num_blocks = 8;
-    cfg.max_slots = 4;
-    cfg.max_batch = 2;
-    cfg.max_pages = kMaxPages;
+  LatentHarness(const std::string& spec, int n_total) : cfg(latent_config(kLayers, 8, 4, 2)), recipe(parse_recipe(spec)) {
     for (int l = 0; l < kLayers; ++l) {
       c.push_back(latents(n_total, 17 + l));
       r.push_back(random_tokens(n_total, 1, kDr, 31 + l, 1.0f));
@@ -169,14 +166,7 @@ INSTANTIATE_TEST_SUITE_P(Recipes, LatentCacheBytes,
 
 TEST(LatentCacheErrors, ShapeAndFormatAreChecked) {
   SKIP_WITHOUT_GPU();
-  KvCacheConfig cfg;
-  cfg.kv_heads = 1;
-  cfg.head_dim = kDc;
-  cfg.rope_dim = kDr;
-  cfg.num_blocks = 2;
-  cfg.max_slots = 1;
-  cfg.max_batch = 1;
-  cfg.max_pages = 2;
+  const KvCacheConfig cfg = latent_config(1, 2, 1, 1);
   EXPECT_NO_THROW(KvCache(cfg, parse_recipe("nvfp4")));
   EXPECT_THROW(KvCache(cfg, parse_recipe("fp8")), Error);
   KvCacheConfig bad = cfg;
