@@ -12,9 +12,10 @@
 // and ablation variants), whose pages hold the transformed latent c' = H (c - mu_c) and whose
 // BF16 sink and recent rows live in the slot rows (layout.h latent_slot_row_offset).
 // One CTA per (row, 16-head tile, split) streams its split's 64-token tiles (half pages)
-// through shared memory, double-buffered with cp.async; per tile S = Q [C R]^T on mma.sync by
-// eight warps of 8 tokens each, the online softmax over the CTA's 16 heads, P into shared
-// memory, and O += P C by the same warps over 64 latent channels each, C read a second time
+// through shared memory with cp.async, the next tile's copy in flight while this one is
+// computed (BF16: two stages, one CTA per SM; FP4: two CTAs per SM); per tile S = Q [C R]^T
+// on mma.sync by eight warps of 8 tokens each, the online softmax over the CTA's 16 heads,
+// P into shared memory, and O += P C by the same warps over 64 latent channels each, C read a second time
 // from the same shared tile (transposed by ldmatrix). FP4 pages are expanded once per tile
 // into an FP16 C tile (code x block scale, exact; MXFP4 relative to the page's largest block)
 // and run on FP16 MMAs against the FP16 rotated query, the page factor on the FP32 partials;

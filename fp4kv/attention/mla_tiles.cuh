@@ -28,7 +28,7 @@
 
 namespace fp4kv::attention::detail {
 
-inline constexpr int kMlaLatent = 512, kMlaRope = 64, kMlaQk = kMlaLatent + kMlaRope;
+inline constexpr int kMlaLatent = cache::kMlaLatentDim, kMlaRope = cache::kMlaRopeDim, kMlaQk = kMlaLatent + kMlaRope;
 inline constexpr int kMlaTilesPerPage = kPageTokens / kMlaTileTokens;
 inline constexpr int kMlaWarps = 8;  // S: 8 tokens each; P.C: 64 channels each
 inline constexpr int kMlaThreads = kMlaWarps * 32;

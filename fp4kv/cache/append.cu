@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
       }
     }
   }
-  if constexpr (D == kMlaLatentDim) {
+  if constexpr (D == kMlaLatentDim) {  // d = 512 is only a latent cache's: its V side is r
     if (!is_key) return write_row<kMlaRopeDim>(dims, a.mem, a.mode, t, input);
   }
   write_row<D>(dims, a.mem, a.mode, t, input);
