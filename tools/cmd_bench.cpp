@@ -49,7 +49,10 @@ struct Shape {
 Shape shape_of(const std::string& n) {
   if (n == "qwen3-4b") return {n, 32, 8, 128};
   if (n == "qwen3-30b-a3b") return {n, 32, 4, 128};
-  throw Error("bench: unknown shape '" + n + "' (qwen3-4b, qwen3-30b-a3b)");
+  if (n.find("mla") != std::string::npos)
+    throw Error("bench: '" + n + "' is an MLA shape: MLA decode takes latent queries and has its own sweep, " +
+                "`fp4kv bench mla --heads 16,128` (DeepSeek-V2/V3: d_c 512, d_r 64)");
+  throw Error("bench: unknown shape '" + n + "' (qwen3-4b, qwen3-30b-a3b; MLA: fp4kv bench mla)");
 }
 
 struct BenchArgs {
