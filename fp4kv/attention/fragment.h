@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "fp4kv/cache/layout.h"
+#include "fp4kv/core/fp4_as_fp8.h"
 #include "fp4kv/core/host_device.h"
 #include "fp4kv/core/minifloat.h"
 
@@ -86,5 +87,43 @@ FP4KV_HD constexpr int b_frag_n(int lane) { return lane / 4; }
 // C (16 x 8, FP32): element e of lane l is (row, col).
 FP4KV_HD constexpr int c_frag_row(int lane, int e) { return lane / 4 + 8 * (e / 2); }
 FP4KV_HD constexpr int c_frag_col(int lane, int e) { return 2 * (lane % 4) + e % 2; }
+
+// ---- FP4 codes as m16n8k32 E4M3 operands (docs/DESIGN.md "FP8 tensor cores for FP4 data") --
+// The pages keep their m16n8k16 A-fragment order; a k32 step takes a lane's words of k-steps
+// 2p and 2p + 1 as they are, and the contraction runs over the channels in the permuted
+// order k32_position (channel c of the 32-channel step at k position k32_position(c)): lane
+// (g, t) then holds, for rows g and g + 8, the k positions 4t .. 4t + 3 and 16 + 4t .. 16 +
+// 4t + 3 the 8-bit fragment wants. Channels 0-15 stay in k 0-15 (an NVFP4 block is a k half).
+FP4KV_HD constexpr int k32_position(int c) {
+  const int x = c % 16;
+  return 16 * (c / 16) + 4 * ((x % 8) / 2) + 2 * (x / 8) + x % 2;
+}
+FP4KV_HD constexpr int k32_channel(int k) {
+  const int x = k % 16;
+  return 16 * (k / 16) + 2 * (x / 4) + 8 * ((x % 4) / 2) + x % 2;
+}
+
+// The four A registers (E4M3 bytes, code x 2^-6) of the m16n8k32 fragment from a lane's FP4
+// words of k-steps 2p (`even`) and 2p + 1 (`odd`): register 0 = row g, k 4t..4t+3 = nibble
+// slots 0, 4, 2, 6 of `even`; 1 = row g + 8: slots 1, 5, 3, 7; 2 and 3 the same of `odd`.
+// Per word: the even slots (low nibbles) and odd slots (high nibbles) placed as E4M3 bytes
+// in place, then one byte permute each.
+FP4KV_HD void fp4_word_to_e4m3_regs(uint32_t word, uint32_t& row_lo, uint32_t& row_hi) {
+  const uint32_t even = ((word & 0x08080808u) << 4) | ((word & 0x07070707u) << 2);  // byte i: slot 2i
+  const uint32_t odd = (word & 0x80808080u) | ((word & 0x70707070u) >> 2);          // byte i: slot 2i + 1
+  row_lo = byte_perm(even, 0u, 0x3120u);  // slots 0, 4, 2, 6
+  row_hi = byte_perm(odd, 0u, 0x3120u);   // slots 1, 5, 3, 7
+}
+FP4KV_HD void fp4_words_to_e4m3_a_regs(uint32_t even, uint32_t odd, uint32_t (&a)[4]) {
+  fp4_word_to_e4m3_regs(even, a[0], a[1]);
+  fp4_word_to_e4m3_regs(odd, a[2], a[3]);
+}
+
+// Fragment positions (PTX ISA, mma.m16n8k32 with 8-bit operands): byte i of A register r
+// of lane l is (row, k); byte i of B register r is (k, n).
+FP4KV_HD constexpr int a8_frag_row(int lane, int r) { return lane / 4 + 8 * (r % 2); }
+FP4KV_HD constexpr int a8_frag_k(int lane, int r, int i) { return 4 * (lane % 4) + 16 * (r / 2) + i; }
+FP4KV_HD constexpr int b8_frag_k(int lane, int r, int i) { return 4 * (lane % 4) + 16 * r + i; }
+FP4KV_HD constexpr int b8_frag_n(int lane) { return lane / 4; }
 
 }  // namespace fp4kv::attention

@@ -173,5 +173,51 @@ TEST(Fragment, ProbabilityOperandIsTheBFragment) {
         }
 }
 
+// The k32 channel permutation is a bijection of each 32-channel step that keeps both
+// 16-channel halves (NVFP4 blocks) in place, and k32_channel is its inverse.
+TEST(Fragment, K32PermutationKeepsTheHalvesAndInverts) {
+  std::set<int> seen;
+  for (int c = 0; c < 32; ++c) {
+    const int k = k32_position(c);
+    EXPECT_EQ(k / 16, c / 16) << c;
+    EXPECT_EQ(k32_channel(k), c) << c;
+    seen.insert(k);
+  }
+  EXPECT_EQ(seen.size(), 32u);
+}
+
+// Each lane's two stored FP4 words of a k32 step, converted to E4M3 bytes, are the
+// m16n8k32 A fragment of the permuted tile: byte i of register r holds the code of (row
+// a8_frag_row, channel k32_channel(a8_frag_k)) as e2m1_as_e4m3, for every lane, row group
+// and k32 step of a random K page (d = 128 and 256).
+TEST(Fragment, Fp4WordsAreTheE4m3K32Fragment) {
+  for (int d : {128, 256}) {
+    const PageLayout l = PageLayout::make(KvFormat::nvfp4, d);
+    std::mt19937 rng(d);
+    std::vector<uint8_t> codes(size_t(kPageTokens) * d);
+    for (auto& c : codes) c = uint8_t(rng() & 0xFu);
+    std::vector<uint8_t> bytes(l.bytes, 0);
+    for (int t = 0; t < kPageTokens; ++t)
+      for (int c = 0; c < d; ++c) {
+        const cache::NibbleAddress a = cache::k_code_address(l, t, c);
+        bytes[a.byte] |= uint8_t(codes[size_t(t) * d + c] << (4 * a.nibble));
+      }
+    const int cpl = d / 16 * 4 / 16;  // 16-byte parts per lane and row group
+    for (int rg = 0; rg < kPageTokens / 16; ++rg)
+      for (int p = 0; p < d / 32; ++p)
+        for (int lane = 0; lane < 32; ++lane) {
+          auto word = [&](int ks) { return load_u32(bytes, l.k_codes + code_part_offset(rg, ks / 4, lane, cpl) + (ks % 4) * 4); };
+          uint32_t a[4];
+          fp4_words_to_e4m3_a_regs(word(2 * p), word(2 * p + 1), a);
+          for (int r = 0; r < 4; ++r)
+            for (int i = 0; i < 4; ++i) {
+              const int row = rg * 16 + a8_frag_row(lane, r), ch = 32 * p + k32_channel(a8_frag_k(lane, r, i));
+              ASSERT_EQ((a[r] >> (8 * i)) & 0xFFu, e2m1_as_e4m3(codes[size_t(row) * d + ch]))
+                  << "d " << d << " rows " << rg << " k32 step " << p << " lane " << lane << " reg " << r << " byte " << i;
+            }
+        }
+  }
+}
+
 }  // namespace
 }  // namespace fp4kv::attention
