@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -52,10 +53,11 @@ constexpr int kTargetCtasPerSm = 2;  // two waves of the one-CTA-per-SM kernel: 
 // Fills `blocks` latent pages with one page quantized from random latents (block 0, then
 // doubling copies).
 void fill_fp4_pages(uint8_t* pool, const cache::LatentPageLayout& L, const Recipe& r, long long blocks) {
+  std::mt19937 rng(12345);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> c(size_t(cache::kPage) * L.latent_dim), zeros(c.size(), 0.0f), rope(size_t(cache::kPage) * L.rope_dim);
-  uint32_t x = 12345;
-  for (float& v : c) v = float(int((x = x * 1664525u + 1013904223u) >> 20) - 2048) / 512.0f;
-  for (float& v : rope) v = float(int((x = x * 1664525u + 1013904223u) >> 20) - 2048) / 1024.0f;
+  for (float& v : c) v = normal(rng);
+  for (float& v : rope) v = normal(rng);
   const ref::QuantPage page = ref::quantize_page(c.data(), zeros.data(), cache::kPage, L.latent_dim, r);
   std::vector<uint8_t> bytes(L.bytes);
   cache::pack_latent_page(page, rope.data(), cache::kPage, L, bytes.data());
@@ -67,13 +69,16 @@ void fill_fp4_pages(uint8_t* pool, const cache::LatentPageLayout& L, const Recip
   }
 }
 
-// Latent bytes one row of `context` tokens reads once.
+// Latent bytes one row of `context` tokens reads once: BF16 rows [c | r]; FP4 pages' codes,
+// block scales, r rows and the one 16-byte copy of the page scales.
 double row_bytes(const cache::LatentPageLayout& L, const Recipe& r, int context) {
-  constexpr double kBf16Row = (512 + 64) * 2.0;
-  if (r.kv == KvFormat::bf16) return context * kBf16Row;
+  constexpr double kPageScaleCopyBytes = 16.0;
+  const double bf16_row = (L.latent_dim + L.rope_dim) * 2.0;
+  if (r.kv == KvFormat::bf16) return context * bf16_row;
   const DecodeLayout l = decode_layout(context, true, r.bf16_sink, r.bf16_recent);
-  const double page = cache::kPage * (L.latent_dim / 2.0 + L.latent_dim / L.block + L.rope_dim * 2.0) + 16.0;
-  return l.quant_pages * page + l.bf16_tokens() * kBf16Row;
+  const double page =
+      cache::kPage * (L.latent_dim / 2.0 + L.latent_dim / L.block + L.rope_dim * 2.0) + kPageScaleCopyBytes;
+  return l.quant_pages * page + l.bf16_tokens() * bf16_row;
 }
 
 MlaPoint measure(const MlaBenchArgs& A, const Recipe& recipe, int heads, int context, int batch, int sms) {

@@ -24,7 +24,7 @@ Action add_bench_step(CLI::App& bench);  // `fp4kv bench step`: the GPU engine's
 Action add_bench_e2e(CLI::App& bench);   // `fp4kv bench e2e`: TPOT, throughput, capacity
 Action add_bench_gemm(CLI::App& bench);  // `fp4kv bench gemm`: the step's weight GEMMs
 Action add_bench_prefill(CLI::App& bench);  // `fp4kv bench prefill`: the chunked-prefill attention kernel
-Action add_bench_mla(CLI::App& bench);  // `fp4kv bench mla`: MLA decode over the BF16 latent cache
+Action add_bench_mla(CLI::App& bench);  // `fp4kv bench mla`: MLA decode over BF16 and FP4 latent caches
 #endif
 
 }  // namespace fp4kv::cli

@@ -81,15 +81,21 @@ __device__ __forceinline__ void context_in_units(uint32_t p_tile, uint32_t c_til
   tile_context<Mma>(p_tile, c_tile, rescale, st.o);
 }
 
+// The tile's softmax with the reductions and P of shared-memory plan Plan (alpha returned).
+template <class Mma, class Plan>
+__device__ __forceinline__ void plan_softmax(const float (&s)[4], uint8_t* smem, MlaState& st, float (&alpha)[2]) {
+  tile_softmax<Mma>(s, smem + Plan::kP, reinterpret_cast<float*>(smem + Plan::kMax),
+                    reinterpret_cast<float*>(smem + Plan::kSum), st.sm, alpha);
+}
+
 // Softmax and context of a tile whose masked base-2 logits are `s` and whose C tile (of
 // Mma's type) holds page factor f.
-template <class Mma>
-__device__ __forceinline__ void softmax_context(const float (&s)[4], float f, uint8_t* smem, uint32_t p_tile,
-                                                uint32_t c_tile, int max_off, int sum_off, MlaState& st) {
+template <class Mma, class Plan>
+__device__ __forceinline__ void softmax_context(const float (&s)[4], float f, uint8_t* smem, uint32_t c_tile,
+                                                MlaState& st) {
   float alpha[2];
-  tile_softmax<Mma>(s, smem + (p_tile - smem_u32(smem)), reinterpret_cast<float*>(smem + max_off),
-                    reinterpret_cast<float*>(smem + sum_off), st.sm, alpha);
-  context_in_units<Mma>(p_tile, c_tile, alpha, f, st);
+  plan_softmax<Mma, Plan>(s, smem, st, alpha);
+  context_in_units<Mma>(smem_u32(smem + Plan::kP), c_tile, alpha, f, st);
 }
 
 // BF16 cache: shared memory of stage i % 2.
@@ -113,7 +119,7 @@ __device__ void run_bf16_pages(const MlaArgs& a, int row, int split, uint8_t* sm
   const PageTiles pt = page_tiles(cache::attended_layout(row_tokens(a, row), KvFormat::bf16, false, true));
   const TileRange tr = split_range(pt.count, a.splits, split);
   if (tr.first >= tr.end) return;
-  const uint32_t qb = smem_u32(smem + Plan::kQb), p_tile = smem_u32(smem + Plan::kP);
+  const uint32_t qb = smem_u32(smem + Plan::kQb);
   load_queries_bf16(a.query.q_c, a.query.q_r, size_t(row) * a.heads + blockIdx.y * kMlaHeadsPerCta, qb);
   load_bf16_page_tile(a, row, pt, tr.first, smem_u32(bf16_stage(smem, 0)));
   cp_async_commit();
@@ -132,7 +138,7 @@ __device__ void run_bf16_pages(const MlaArgs& a, int row, int split, uint8_t* sm
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[e] *= a.scale_log2;
     mask_scores(page_tile_rows(pt, tile), s);
-    softmax_context<MmaBf16>(s, 1.0f, smem, p_tile, stage, Plan::kMax, Plan::kSum, st);
+    softmax_context<MmaBf16, Plan>(s, 1.0f, smem, stage, st);
   }
 }
 
@@ -177,8 +183,7 @@ __device__ void run_fp4_pages(const MlaArgs& a, int row, int split, const PageTi
       s[e] = __fadd_rn(__fmul_rn(__fmul_rn(sc[e], f), a.scale_log2), __fmul_rn(sr[e], a.scale_log2));
     mask_scores(rows, s);
     float alpha[2];
-    tile_softmax<MmaF16>(s, smem + Plan::kP, reinterpret_cast<float*>(smem + Plan::kMax),
-                         reinterpret_cast<float*>(smem + Plan::kSum), st.sm, alpha);
+    plan_softmax<MmaF16, Plan>(s, smem, st, alpha);
     if (next) {  // every warp is past S (two barriers in the softmax)
       load_page_rope(next_page, a.layout, (tile + 1) % kMlaTilesPerPage, page_tile_rows(pt, tile + 1), r_tile);
       cp_async_commit();
@@ -194,7 +199,7 @@ __device__ void run_slot_rows(const MlaArgs& a, int row, const DecodeLayout& l, 
   const int slot = a.row_slot[row];
   if (slot < 0 || l.bf16_tokens() == 0) return;
   const uint32_t qb = smem_u32(smem + Plan::kQ), c_tile = smem_u32(smem + Plan::kC);
-  const uint32_t r_tile = smem_u32(smem + Plan::kR), p_tile = smem_u32(smem + Plan::kP);
+  const uint32_t r_tile = smem_u32(smem + Plan::kR);
   constexpr int kRowBytes = kMlaQk * 2;
   const uint8_t* rows0 = reinterpret_cast<const uint8_t*>(a.slot_rows) + size_t(slot) * cache::kSlotRows * kRowBytes;
   const int recent = l.recent_end - l.recent_begin;
@@ -213,7 +218,7 @@ __device__ void run_slot_rows(const MlaArgs& a, int row, const DecodeLayout& l, 
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[e] *= a.scale_log2;
     mask_scores(rows, s);
-    softmax_context<MmaBf16>(s, 1.0f, smem, p_tile, c_tile, Plan::kMax, Plan::kSum, st);
+    softmax_context<MmaBf16, Plan>(s, 1.0f, smem, c_tile, st);
   }
 }
 
@@ -356,6 +361,8 @@ namespace {
 
 bool fp4_latent(KvFormat f) { return f == KvFormat::nvfp4 || f == KvFormat::mxfp4; }
 
+constexpr int kMaxGridDim = 65535;  // CUDA's limit on gridDim.y and .z (the parts); the batch keeps to it too
+
 }  // namespace
 
 void MlaDecodeAttention::check_supported(const MlaGeometry& g, const Recipe& r, const MlaCapacity& c) {
@@ -374,11 +381,13 @@ void MlaDecodeAttention::check_supported(const MlaGeometry& g, const Recipe& r, 
   if (g.heads < kMlaHeadsPerCta || g.heads % kMlaHeadsPerCta != 0 || g.heads > kMlaMaxHeads)
     throw Error("MlaDecodeAttention: heads " + std::to_string(g.heads) + " (a multiple of 16)");
   if (g.nope_dim < 1) throw Error("MlaDecodeAttention: nope_dim " + std::to_string(g.nope_dim) + " (at least 1)");
-  if (c.max_batch < 1 || c.max_batch > 65535)
-    throw Error("MlaDecodeAttention: max_batch " + std::to_string(c.max_batch) + " outside [1, 65535]");
+  if (c.max_batch < 1 || c.max_batch > kMaxGridDim)
+    throw Error("MlaDecodeAttention: max_batch " + std::to_string(c.max_batch) + " outside [1, " +
+                std::to_string(kMaxGridDim) + "]");
   if (c.max_pages < 1) throw Error("MlaDecodeAttention: max_pages " + std::to_string(c.max_pages) + " (at least 1)");
-  if (c.max_splits < 1 || c.max_splits > 65534)
-    throw Error("MlaDecodeAttention: max_splits " + std::to_string(c.max_splits) + " outside [1, 65534]");
+  if (c.max_splits < 1 || c.max_splits > kMaxGridDim - 1)  // + 1 part for the slot rows
+    throw Error("MlaDecodeAttention: max_splits " + std::to_string(c.max_splits) + " outside [1, " +
+                std::to_string(kMaxGridDim - 1) + "]");
 }
 
 MlaDecodeAttention::MlaDecodeAttention(const MlaGeometry& geometry, const Recipe& recipe, const MlaCapacity& capacity)

@@ -77,6 +77,10 @@ struct MlaBf16Plan {
 // one raw stage, P, the reductions. One raw stage suffices: the next tile's codes are copied
 // once this tile is expanded, its R rows once this tile's scores are done, and both land
 // while the softmax and P C run.
+inline constexpr int kMlaFp4CtasPerSm = 2;
+inline constexpr int kSmemPerSm = 228 * 1024;       // H100/H200 shared memory per SM
+inline constexpr int kSmemReservedPerCta = 1024;    // what the runtime keeps per resident CTA
+
 template <KvFormat F>
 struct MlaFp4Plan {
   static constexpr int kQ = 0;
@@ -89,9 +93,8 @@ struct MlaFp4Plan {
   static constexpr int kSum = kMax + kReduceBytes;
   static constexpr int kBytes = kSum + kReduceBytes;
   static_assert(kQbBytes >= kQ16Bytes + kMlaHeadsPerCta * kMlaRope * 2, "the page CTA's Q16 and Qr fit Qb's place");
-  static_assert(kBytes <= 113 * 1024, "two CTAs per SM");
+  static_assert(kMlaFp4CtasPerSm * (kBytes + kSmemReservedPerCta) <= kSmemPerSm, "two CTAs per SM");
 };
-inline constexpr int kMlaFp4CtasPerSm = 2;
 
 // Byte offset of chunk `ch` of row `row` in a tile of `chunks` chunks per row.
 __device__ __forceinline__ uint32_t swizzled(int row, int ch, int chunks) {
@@ -145,23 +148,24 @@ inline constexpr int kSlotTiles = (cache::kSlotRows + kMlaTileTokens - 1) / kMla
 
 // ---- Loads ---------------------------------------------------------------------------------
 
+// Copies 64 rows of kChunks 16-byte chunks (row i at src + i * row_bytes) into a swizzled
+// tile; rows outside `v` are zero-filled (never read from memory).
+template <int kChunks>
+__device__ __forceinline__ void load_rows(const uint8_t* src, int row_bytes, const TileRows& v, uint32_t tile) {
+  for (int i = threadIdx.x; i < kMlaTileTokens * kChunks; i += kMlaThreads) {
+    const int r = i / kChunks, ch = i % kChunks;
+    const bool ok = v.has(r);
+    cp_async16(tile + swizzled(r, ch, kChunks), ok ? src + size_t(r) * row_bytes + ch * kChunkBytes : src,
+               ok ? kChunkBytes : 0);
+  }
+}
+
 // Copies 64 rows of BF16 [c | r] into the C and R tiles: row i's latent at c_src + i *
-// row_bytes, its positional key at r_src + i * r_row_bytes. Rows outside `v` are zero-filled
-// (never read from memory).
+// row_bytes, its positional key at r_src + i * r_row_bytes; rows outside `v` zero-filled.
 __device__ __forceinline__ void load_bf16_rows(const uint8_t* c_src, const uint8_t* r_src, int row_bytes,
                                                int r_row_bytes, const TileRows& v, uint32_t c_tile, uint32_t r_tile) {
-  for (int i = threadIdx.x; i < kMlaTileTokens * kLatentChunks; i += kMlaThreads) {
-    const int r = i / kLatentChunks, ch = i % kLatentChunks;
-    const bool ok = v.has(r);
-    cp_async16(c_tile + swizzled(r, ch, kLatentChunks), ok ? c_src + size_t(r) * row_bytes + ch * kChunkBytes : c_src,
-               ok ? kChunkBytes : 0);
-  }
-  for (int i = threadIdx.x; i < kMlaTileTokens * kRopeChunks; i += kMlaThreads) {
-    const int r = i / kRopeChunks, ch = i % kRopeChunks;
-    const bool ok = v.has(r);
-    cp_async16(r_tile + swizzled(r, ch, kRopeChunks), ok ? r_src + size_t(r) * r_row_bytes + ch * kChunkBytes : r_src,
-               ok ? kChunkBytes : 0);
-  }
+  load_rows<kLatentChunks>(c_src, row_bytes, v, c_tile);
+  load_rows<kRopeChunks>(r_src, r_row_bytes, v, r_tile);
 }
 
 // Copies the codes, block scales and page scales of half `half` of an FP4 latent page (each
@@ -217,7 +221,7 @@ __device__ __forceinline__ void expand_fp4_tile(const uint8_t* raw, float page_s
                                                 uint8_t* c_tile) {
   using Raw = MlaFp4Raw<F>;
   constexpr int kParts = Raw::kCodeBytes / kChunkBytes;  // 1024
-  constexpr int kKstepGroups = kMlaLatent / 64;          // 16-byte parts per lane and key group: 8
+  constexpr int kKstepGroups = kMlaLatent / 16 / 4;      // 16-byte parts (4 k-steps) per lane and key group: 8
   const int pe = F == KvFormat::mxfp4 ? ilogbf(page_scale) : 0;
   for (int i = threadIdx.x; i < kParts; i += kMlaThreads) {
     const int lane = i % 32, kq = (i / 32) % kKstepGroups, group = i / (32 * kKstepGroups);

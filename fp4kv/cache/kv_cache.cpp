@@ -308,8 +308,8 @@ SlotRows KvCache::read_slot(int layer, int slot, int head) const {
   require(dims_.quantized(), "KvCache::read_slot: the BF16 format keeps no slot rows");
   require(slot >= 0 && slot < config_.max_slots, "KvCache::read_slot: slot " + std::to_string(slot) + " out of range");
   require(head >= 0 && head < config_.kv_heads, "KvCache::read_slot: head " + std::to_string(head) + " out of range");
-  const int d = config_.head_dim;
   if (dims_.latent()) return read_latent_slot(layer, slot);
+  const int d = config_.head_dim;
   std::vector<uint16_t> bits(size_t(2) * kSlotRows * d);
   cuda_check(cudaDeviceSynchronize(), "KvCache: synchronize");
   cuda_check(cudaMemcpy(bits.data(), mem_.slots + slot_row_offset(layer, slot, head, 0, 0, config_.max_slots, config_.kv_heads, d),

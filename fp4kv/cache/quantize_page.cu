@@ -318,7 +318,9 @@ void launch(const PageKernelArgs& a, dim3 grid, cudaStream_t stream) {
     case 64: return launch_d<64>(a, grid, stream);
     case 128: return launch_d<128>(a, grid, stream);
     case 256: return launch_d<256>(a, grid, stream);
-    case kMlaLatentDim: return launch_d<kMlaLatentDim>(a, grid, stream);
+    case kMlaLatentDim:  // latent caches: NVFP4 or MXFP4 (kv_cache.cpp refuses FP8 latents)
+      if (a.dims.format == KvFormat::nvfp4) return launch_t<kMlaLatentDim, KvFormat::nvfp4>(a, grid, stream);
+      return launch_t<kMlaLatentDim, KvFormat::mxfp4>(a, grid, stream);
     default: throw Error("cache page kernel: unsupported head_dim " + std::to_string(a.dims.d));
   }
 }

@@ -64,10 +64,10 @@ struct Recipe {
 };
 
 // A preset name optionally followed by ":switch,switch,...". Switches turn one part off:
-// no-dualq, no-pscale, no-smooth, no-rotate, no-search, no-sink, no-recent; and three reference-only
-// comparison variants: smoothq (smoothing-Q with the GQA mean instead of dual-residual Q),
-// twolevel (SageAttention3 two-level P scaling) and fp8qp (a mixed preset's Q and P in E4M3). Throws Error on unknown names or a
-// switch that does not apply to the preset.
+// no-dualq, no-pscale, no-smooth, no-rotate, no-search, no-sink, no-recent; and three
+// reference-only comparison variants: smoothq (smoothing-Q with the GQA mean instead of
+// dual-residual Q), twolevel (SageAttention3 two-level P scaling) and fp8qp (a mixed preset's
+// Q and P in E4M3). Throws Error on unknown names or a switch that does not apply to the preset.
 Recipe parse_recipe(const std::string& spec);
 
 // Comma-separated recipe specs. A token that is a switch belongs to the spec before it, so

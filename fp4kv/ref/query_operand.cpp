@@ -1,8 +1,6 @@
 // The query side of the CPU reference (query_operand.h).
 #include "fp4kv/ref/query_operand.h"
 
-#include <algorithm>
-#include <cmath>
 #include <string>
 
 #include "fp4kv/core/block_quant.h"
@@ -82,10 +80,8 @@ std::vector<QueryOperand> make_query_operands(const float* q, int G, int d, cons
         break;
       }
       case QueryFormat::fp8: {  // E4M3 codes with the head's FP32 scale amax / 448
-        float amax = 0.0f;
-        for (float x : op.full) amax = std::max(amax, std::fabs(x));
         Fp4Term t;
-        t.g = fp8_slice_scale(amax);
+        t.g = fp8_slice_scale(finite_amax(op.full.data(), d, 1));
         t.expanded.resize(d);
         t.dequant.resize(d);
         for (int i = 0; i < d; ++i) {
