@@ -3,9 +3,10 @@
 //
 // CTA = (split, KV head, batch row), 8 warps. Split CTAs (split < max_splits) attend a range
 // of the row's pool pages; CTA max_splits attends the BF16 sink + recent rows
-// (sink_recent_part.cuh). A split CTA:
-//   1. starts its page stream (decode_mainloop.cuh), then runs the query prologue
-//      (query_prologue.cuh: load, rotate, the B operand of S^T = K Q^T);
+// (sink_recent_part.cuh). Both roles start their loads, then run the one query prologue
+// (query_prologue.cuh: load, rotate), whose code the kernel holds once. A split CTA:
+//   1. starts its page stream (decode_mainloop.cuh) before the query prologue, then builds
+//      the B operand of S^T = K Q^T;
 //   2. per page: S^T for the warp's 16 keys (A = K tiles expanded by the page traits, B = the
 //      query columns in registers), the online softmax (softmax_state.cuh), O^T += V^T P^T;
 //   3. merges its warps' partial Os and sums and writes its partial (o, base-2 LSE), which
@@ -74,19 +75,25 @@ __device__ __forceinline__ void write_partial(const KernelArgs& a, const CtaSmem
   }
 }
 
-// One split CTA's pages [p_begin, p_begin + npg) of (row b, KV head kvh).
+// The start of a split CTA: the operand buffers zeroed (padding columns stay zero) and the
+// page stream started, so the pages are in flight during the query prologue.
+template <class K>
+__device__ __forceinline__ void start_split(const CtaSmem& sm, const PageSource& src, int tid) {
+  using P = typename K::Plan;
+  for (int i = tid; i < P::QFRAG / 4; i += kThreads) reinterpret_cast<uint32_t*>(sm.qfrag)[i] = 0u;
+  if constexpr (!P::kBulk)
+    for (int i = tid; i < P::PS / 4; i += kThreads) reinterpret_cast<uint32_t*>(sm.ps)[i] = 0u;
+  start_page_stream<K>(sm, src, tid);
+}
+
+// The rest of a split CTA, after start_split and the query prologue (sm.qf): the query
+// operand, pages [p_begin, p_begin + npg) of (row b, KV head kvh), the partial.
 template <class K>
 __device__ __forceinline__ void split_part(const KernelArgs& a, const CtaSmem& sm, const PageSource& src, int b,
                                            int kvh, int split, int G, int tid, int warp, int lane) {
   using F = typename K::Fmt;
   using P = typename K::Plan;
 
-  // Zero the operand buffers (padding columns stay zero), then start the page stream.
-  for (int i = tid; i < P::QFRAG / 4; i += kThreads) reinterpret_cast<uint32_t*>(sm.qfrag)[i] = 0u;
-  if constexpr (!P::kBulk)
-    for (int i = tid; i < P::PS / 4; i += kThreads) reinterpret_cast<uint32_t*>(sm.ps)[i] = 0u;
-  start_page_stream<K>(sm, src, tid);
-  load_rotate_queries<K::kD>(a, sm.qf, b, kvh, tid);
   build_query_operand<F, K::kD, K::T, K::NT>(a, sm.qf, sm.qfrag, sm.gfac, sm.ebuf, tid);
   if constexpr (P::kBulk)  // the queries are consumed (barrier above): zero the P buffers they used
     for (int i = tid; i < P::PS / 4; i += kThreads) reinterpret_cast<uint32_t*>(sm.ps)[i] = 0u;
@@ -130,19 +137,26 @@ __global__ void __launch_bounds__(kThreads, (SplitConfig<F, D, OM, NT>::Plan::kM
   const int G = a.G;
 
   const DecodeLayout lay = cache::attended_layout(n, F::kFormat, a.sink != 0, a.recent != 0);
-
-  if (split == a.max_splits) {  // the BF16 sink + recent CTA
-    if constexpr (F::kBulk) {
-      if (lay.bf16_tokens() > 0) sink_recent_part<D>(a, smem, sm.qf, sm.red_max, b, kvh, lay, tid);
-    }
-    return;
-  }
   const int pages = lay.quant_pages;
-  const int splits = min(row_splits, a.max_splits);
-  if (split >= splits || pps <= 0 || split * pps >= pages) return;
-  const int p_begin = split * pps, p_end = min(p_begin + pps, pages), npg = p_end - p_begin;
+  const int p_begin = split * pps, npg = min(p_begin + pps, pages) - p_begin;
   const PageSource src{a, kvh, a.block_tables + size_t(b) * a.max_pages, pages, lay.last_page_tokens,
                        lay.masked_prefix, p_begin, npg};
+
+  // Both roles start their loads, then share one query prologue (one copy of its code).
+  const bool bf16_cta = split == a.max_splits;  // the BF16 sink + recent CTA
+  if (bf16_cta) {
+    if (!F::kBulk || lay.bf16_tokens() <= 0) return;
+    if (!start_sink_recent<D>(a, smem, b, kvh, lay, tid)) return;
+  } else {
+    const int splits = min(row_splits, a.max_splits);
+    if (split >= splits || pps <= 0 || p_begin >= pages) return;
+    start_split<K>(sm, src, tid);
+  }
+  load_rotate_queries<D>(a, sm.qf, b, kvh, tid);
+  if (bf16_cta) {
+    if constexpr (F::kBulk) sink_recent_part<D>(a, smem, sm.qf, sm.red_max, b, kvh, lay, tid);
+    return;
+  }
   split_part<K>(a, sm, src, b, kvh, split, G, tid, warp, lane);
 }
 

@@ -277,7 +277,8 @@ struct Bf16Page {
     constexpr auto L = cache::PageLayout::make(KvFormat::bf16, D);
     const uint32_t dst = smem_u32(stage);
     constexpr int CPR = D / 8;  // 16-byte chunks per row
-    for (int c = tid; c < 2 * kPageTokens * CPR; c += kThreads) {
+    // Unsigned chunk indices: the divisions by powers of two are shifts (no signed rounding).
+    for (unsigned c = tid; c < 2 * kPageTokens * CPR; c += kThreads) {
       const int kv = c / (kPageTokens * CPR), rem = c % (kPageTokens * CPR);
       const int t = rem / CPR, ch = rem % CPR;
       const int off = (kv ? L.v_codes : L.k_codes);

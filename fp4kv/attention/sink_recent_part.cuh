@@ -6,7 +6,6 @@
 #pragma once
 
 #include "fp4kv/attention/device_common.cuh"
-#include "fp4kv/attention/query_prologue.cuh"
 #include "fp4kv/attention/smem_plan.cuh"
 #include "fp4kv/cache/layout.h"
 #include "fp4kv/core/decode_layout.h"
@@ -31,28 +30,40 @@ __device__ __forceinline__ void load_slot_rows(uint16_t* dst, const uint16_t* sr
   cp_async_commit();
 }
 
-// The CTA's work (region: the rows and scores; qf: the FP32 queries; red: [2][kMaxG] maxima
-// and sums). A row whose slot the control kernel failed contributes nothing (LSE -inf).
+// The start of the CTA (region: the rows and scores): the row's K and V slot rows on their
+// way to shared memory (cp.async, awaited by sink_recent_part), overlapping the query
+// prologue the kernel runs next. False when the control kernel failed the row's slot: the
+// row contributes nothing (LSE -inf) and the CTA is done.
 template <int D>
-__device__ void sink_recent_part(const KernelArgs& a, uint8_t* region, float* qf, float* red, int b, int kvh,
-                                 const DecodeLayout& L, int tid) {
-  const int G = a.G, warp = tid / 32, lane = tid % 32;
-  const int nbf = L.bf16_tokens();
+__device__ bool start_sink_recent(const KernelArgs& a, uint8_t* region, int b, int kvh, const DecodeLayout& L,
+                                  int tid) {
+  const int slot = a.row_slot ? a.row_slot[b] : b;
+  if (slot < 0 || slot >= a.slots) {
+    const size_t obase = size_t(b) * a.q_heads + size_t(kvh) * a.G;
+    if (tid < a.G) a.part_lse[(obase + tid) * (a.max_splits + 1) + a.max_splits] = neg_inf();
+    return false;
+  }
   uint16_t* Kc = reinterpret_cast<uint16_t*>(region);  // [144][D] bf16
   uint16_t* Vc = Kc + kBf16Rows * D;                   // [144][D] bf16
-  float* Sb = reinterpret_cast<float*>(Vc + kBf16Rows * D);  // [kMaxG][144]
-  const int S1 = a.max_splits + 1;
-  const size_t obase = size_t(b) * a.q_heads + size_t(kvh) * G;
-  const int slot = a.row_slot ? a.row_slot[b] : b;
-  if (slot < 0 || slot >= a.slots) {  // the control kernel failed this row: contribute nothing
-    if (tid < G) a.part_lse[(obase + tid) * S1 + a.max_splits] = neg_inf();
-    return;
-  }
   const uint16_t* kb = a.slot_buffer + cache::slot_row_offset(0, slot, kvh, 0, 0, a.slots, a.kv_heads, D);
   const uint16_t* vb = a.slot_buffer + cache::slot_row_offset(0, slot, kvh, 1, 0, a.slots, a.kv_heads, D);
   load_slot_rows<D>(Kc, kb, L, tid);
   load_slot_rows<D>(Vc, vb, L, tid);
-  load_rotate_queries<D>(a, qf, b, kvh, tid);
+  return true;
+}
+
+// The rest of the CTA's work, after start_sink_recent and the query prologue (qf: the rotated
+// FP32 queries; red: [2][kMaxG] maxima and sums).
+template <int D>
+__device__ void sink_recent_part(const KernelArgs& a, uint8_t* region, const float* qf, float* red, int b, int kvh,
+                                 const DecodeLayout& L, int tid) {
+  const int G = a.G, warp = tid / 32, lane = tid % 32;
+  const int nbf = L.bf16_tokens();
+  const uint16_t* Kc = reinterpret_cast<const uint16_t*>(region);
+  const uint16_t* Vc = Kc + kBf16Rows * D;
+  float* Sb = reinterpret_cast<float*>(region + 2 * kBf16Rows * D * sizeof(uint16_t));  // [kMaxG][144]
+  const int S1 = a.max_splits + 1;
+  const size_t obase = size_t(b) * a.q_heads + size_t(kvh) * G;
   cp_async_wait<0>();
   __syncthreads();
 
