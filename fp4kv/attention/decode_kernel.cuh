@@ -3,8 +3,9 @@
 //
 // CTA = (split, KV head, batch row), 8 warps. Split CTAs (split < max_splits) attend a range
 // of the row's pool pages; CTA max_splits attends the BF16 sink + recent rows
-// (sink_recent_part.cuh). Both roles start their loads, then run the one query prologue
-// (query_prologue.cuh: load, rotate), whose code the kernel holds once. A split CTA:
+// (sink_recent_part.cuh). Both roles issue their query loads, start their own loads, then
+// run the one query prologue (query_prologue.cuh: rotate), whose code the kernel holds once.
+// A split CTA:
 //   1. starts its page stream (decode_mainloop.cuh) before the query prologue, then builds
 //      the B operand of S^T = K Q^T;
 //   2. per page: S^T for the warp's 16 keys (A = K tiles expanded by the page traits, B = the
@@ -139,20 +140,23 @@ __global__ void __launch_bounds__(kThreads, (SplitConfig<F, D, OM, NT>::Plan::kM
   const DecodeLayout lay = cache::attended_layout(n, F::kFormat, a.sink != 0, a.recent != 0);
   const int pages = lay.quant_pages;
   const int p_begin = split * pps, npg = min(p_begin + pps, pages) - p_begin;
+  const bool bf16_cta = split == a.max_splits;  // the BF16 sink + recent CTA
+  if (bf16_cta ? !F::kBulk || lay.bf16_tokens() <= 0
+               : split >= min(row_splits, a.max_splits) || pps <= 0 || p_begin >= pages)
+    return;
+
+  // Both roles: the queries first (their latency overlaps the loads started next), then the
+  // role's own loads, then the one query prologue (one copy of its code in the kernel).
+  FirstQuery<D> fq;
+  load_first_query<D>(a, b, kvh, warp, lane, fq);
   const PageSource src{a, kvh, a.block_tables + size_t(b) * a.max_pages, pages, lay.last_page_tokens,
                        lay.masked_prefix, p_begin, npg};
-
-  // Both roles start their loads, then share one query prologue (one copy of its code).
-  const bool bf16_cta = split == a.max_splits;  // the BF16 sink + recent CTA
   if (bf16_cta) {
-    if (!F::kBulk || lay.bf16_tokens() <= 0) return;
     if (!start_sink_recent<D>(a, smem, b, kvh, lay, tid)) return;
   } else {
-    const int splits = min(row_splits, a.max_splits);
-    if (split >= splits || pps <= 0 || p_begin >= pages) return;
     start_split<K>(sm, src, tid);
   }
-  load_rotate_queries<D>(a, sm.qf, b, kvh, tid);
+  rotate_queries<D>(a, fq, sm.qf, b, kvh, warp, lane);
   if (bf16_cta) {
     if constexpr (F::kBulk) sink_recent_part<D>(a, smem, sm.qf, sm.red_max, b, kvh, lay, tid);
     return;
