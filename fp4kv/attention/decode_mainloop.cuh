@@ -31,6 +31,7 @@ struct CtaSmem {
   float* red_max;      // [2 buffers][kMaxG][kWarps]
   float* red_sum;      // [kMaxG][kWarps]
   float* red_m;        // [kMaxG]
+  int* ebuf;           // [kMaxG * 16]
   uint32_t bar0;       // [NS] mbarriers (bulk pages)
 };
 
@@ -45,6 +46,7 @@ __device__ __forceinline__ CtaSmem carve_smem(uint8_t* smem) {
   s.red_max = s.gfac + 2 * kMaxG;
   s.red_sum = s.red_max + 2 * kMaxG * kWarps;
   s.red_m = s.red_sum + kMaxG * kWarps;
+  s.ebuf = reinterpret_cast<int*>(s.red_m + kMaxG);
   s.bar0 = smem_u32(smem + Plan::MBAR_OFF);
   return s;
 }

@@ -55,8 +55,9 @@ struct SmemPlan {
   // shared memory: [region: page stages | BF16 sink/recent rows | final O merge][extras]
   static constexpr int QFRAG = KS * NT * 32 * 8;
   static constexpr int PS = 16 * kPsStride * 2 * (kBulk ? 2 : 1);   // P^T, double-buffered when lagged
-  // Scalars: gfac [2][kMaxG], red_max [2][kMaxG][kWarps], red_sum [kMaxG][kWarps], red_m [kMaxG].
-  static constexpr int SC = 4 * (2 * kMaxG + 2 * kMaxG * kWarps + kMaxG * kWarps + kMaxG);
+  // Scalars: gfac [2][kMaxG], red_max [2][kMaxG][kWarps], red_sum [kMaxG][kWarps],
+  // red_m [kMaxG], ebuf [kMaxG * 16] (the query quantizer's per-block exponents).
+  static constexpr int SC = 4 * (2 * kMaxG + 2 * kMaxG * kWarps + kMaxG * kWarps + kMaxG + kMaxG * 16);
   static constexpr int MBAR = kMaxStages * kMbarrierBytes;            // one mbarrier per stage
   static constexpr int BF16_NEED = !kBulk ? 0 : 2 * kBf16Rows * D * 2 + kMaxG * kBf16Rows * 4;
   static constexpr int OMERGE = KP * NTP * 8 * D * 4;
