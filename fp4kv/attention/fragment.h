@@ -107,12 +107,10 @@ FP4KV_HD constexpr int k32_channel(int k) {
 // words of k-steps 2p (`even`) and 2p + 1 (`odd`): register 0 = row g, k 4t..4t+3 = nibble
 // slots 0, 4, 2, 6 of `even`; 1 = row g + 8: slots 1, 5, 3, 7; 2 and 3 the same of `odd`.
 // Per word: the even slots (low nibbles) and odd slots (high nibbles) placed as E4M3 bytes
-// in place, then one byte permute each.
+// in place (core/fp4_as_fp8.h), then one byte permute each.
 FP4KV_HD void fp4_word_to_e4m3_regs(uint32_t word, uint32_t& row_lo, uint32_t& row_hi) {
-  const uint32_t even = ((word & 0x08080808u) << 4) | ((word & 0x07070707u) << 2);  // byte i: slot 2i
-  const uint32_t odd = (word & 0x80808080u) | ((word & 0x70707070u) >> 2);          // byte i: slot 2i + 1
-  row_lo = byte_perm(even, 0u, 0x3120u);  // slots 0, 4, 2, 6
-  row_hi = byte_perm(odd, 0u, 0x3120u);   // slots 1, 5, 3, 7
+  row_lo = byte_perm(low_nibbles_as_e4m3x4(word), 0u, 0x3120u);   // slots 0, 4, 2, 6
+  row_hi = byte_perm(high_nibbles_as_e4m3x4(word), 0u, 0x3120u);  // slots 1, 5, 3, 7
 }
 FP4KV_HD void fp4_words_to_e4m3_a_regs(uint32_t even, uint32_t odd, uint32_t (&a)[4]) {
   fp4_word_to_e4m3_regs(even, a[0], a[1]);

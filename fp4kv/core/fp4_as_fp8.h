@@ -20,11 +20,16 @@ FP4KV_HD constexpr uint8_t e2m1_as_e4m3(uint8_t code) {
   return uint8_t(((code & 0x8u) << 4) | ((code & 0x7u) << 2));
 }
 
+// The placement applied to the four bytes of a word at once: byte i from the low nibble of
+// byte i (high nibbles ignored), or from its high nibble (the sign already at bit 7).
+FP4KV_HD constexpr uint32_t low_nibbles_as_e4m3x4(uint32_t w) { return ((w & 0x08080808u) << 4) | ((w & 0x07070707u) << 2); }
+FP4KV_HD constexpr uint32_t high_nibbles_as_e4m3x4(uint32_t w) { return (w & 0x80808080u) | ((w & 0x70707070u) >> 2); }
+
 // Four codes, nibbles 0..3 of `codes` (low nibble first), as four E4M3 bytes (byte i from
 // nibble i): the word-wide form a kernel applies to a register of packed codes.
 FP4KV_HD constexpr uint32_t e2m1x4_as_e4m3x4(uint32_t codes) {
   const uint32_t spread = (codes & 0xFu) | ((codes & 0xF0u) << 4) | ((codes & 0xF00u) << 8) | ((codes & 0xF000u) << 12);
-  return ((spread & 0x08080808u) << 4) | ((spread & 0x07070707u) << 2);
+  return low_nibbles_as_e4m3x4(spread);
 }
 
 }  // namespace fp4kv

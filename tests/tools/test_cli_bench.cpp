@@ -1,5 +1,6 @@
 // `fp4kv bench decode` and `fp4kv bench mla` check their arguments before they touch a GPU,
-// so bad input gets a clear error on any machine. (Its speed is measured on the device by bench/, never here.)
+// so bad input gets a clear error on any machine. (Their speed is measured on the device by
+// bench/, never here.)
 #include <gtest/gtest.h>
 
 #include <string>
