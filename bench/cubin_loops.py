@@ -21,6 +21,8 @@ import re
 import struct
 import sys
 
+from sass_count import pick_page_loops, span_len
+
 OP_BRA, OP_HMMA = 0x947, 0x23C
 
 
@@ -61,11 +63,7 @@ def loop_counts(code):
                     loops.append((h, t, i))
     if not loops:
         return len(ins), None
-    hmax = max(h for h, _, _ in loops)
-    first = next(l for l in loops if l[0] == hmax)
-    tight = min(l[2] - l[1] + 1 for l in loops if l[0] == hmax)
-    inner = min(l[2] - l[1] + 1 for l in loops)
-    return len(ins), (first[2] - first[1] + 1, tight, inner)
+    return len(ins), tuple(span_len(l) for l in pick_page_loops(loops))
 
 
 def kernels(path):

@@ -40,6 +40,22 @@ def parse(lines):
     return ins
 
 
+def pick_page_loops(loops):
+    """From the backward branches whose body holds MMAs, as (MMA count, first, last) index
+    spans, the three loops reported: the page loop (the first span with the most MMAs; code
+    the compiler lays out inside it counts too), the smallest span with as many MMAs (the page
+    loop proper) and the smallest with any MMA (the innermost key-step loop)."""
+    hmax = max(h for h, _, _ in loops)
+    region = next(l for l in loops if l[0] == hmax)
+    tight = min((l for l in loops if l[0] == hmax), key=lambda l: l[2] - l[1])
+    inner = min(loops, key=lambda l: l[2] - l[1])
+    return region, tight, inner
+
+
+def span_len(span):
+    return span[2] - span[1] + 1
+
+
 def main():
     text = open(sys.argv[1]).read()
     key = sys.argv[2]
@@ -49,39 +65,32 @@ def main():
         if key not in name:
             continue
         ins = parse(lines)
-        best = None
-        loops = []  # (HMMA count, region) of every backward branch with MMAs
+        index_of = {addr: i for i, (addr, _, _) in enumerate(ins)}
+        loops = []  # (HMMA count, first, last) of every backward branch with MMAs
         for i, (addr, op, body) in enumerate(ins):
             if op.startswith("BRA"):
                 m = re.search(r"0x([0-9a-f]+)", body)
                 if not m:
                     continue
                 tgt = int(m.group(1), 16)
-                if tgt < addr:
-                    region = [x for x in ins if tgt <= x[0] <= addr]
-                    h = sum(1 for x in region if x[1].startswith("HMMA"))
+                if tgt < addr and tgt in index_of:
+                    first = index_of[tgt]
+                    h = sum(1 for x in ins[first : i + 1] if x[1].startswith("HMMA"))
                     if h:
-                        loops.append((h, region))
-                    if best is None or h > best[0]:
-                        best = (h, region)
+                        loops.append((h, first, i))
         total = Counter(x[1].split(".")[0] for x in ins)
         print(f"== {label}: {name}")
         print(f"whole kernel: {len(ins)} instructions, HMMA {total.get('HMMA', 0)}, LDL/STL {total.get('LDL', 0) + total.get('STL', 0)}")
-        if best:
-            h, region = best
+        if loops:
+            best, tight, inner = pick_page_loops(loops)
+            h, region = best[0], ins[best[1] : best[2] + 1]
             c = Counter(x[1].split(".")[0] for x in region)
-            tiles = h // nt if h else 0
+            tiles = h // nt
             print(f"page loop: {len(region)} warp instructions, HMMA {h} -> {tiles} tiles of 16x16 per warp per page")
             if tiles:
                 print(f"  {len(region) / tiles:.1f} warp instructions per tile, {len(region) * 32 / (tiles * 256):.2f} per element")
             print("  " + ", ".join(f"{k} {v}" for k, v in c.most_common(30)))
-            # The region above is the first backward branch with the most MMAs; code the
-            # compiler lays out inside it (the BF16 sink/recent part) counts too. The smallest
-            # loop holding as many MMAs is the page loop proper; the smallest with any MMA,
-            # the innermost key-step loop.
-            tight = min((r for hh, r in loops if hh == h), key=len)
-            inner = min((r for hh, r in loops), key=len)
-            print(f"tight page loop: {len(tight)} warp instructions; innermost MMA loop: {len(inner)}")
+            print(f"tight page loop: {span_len(tight)} warp instructions; innermost MMA loop: {span_len(inner)}")
         return
     print(f"== {label}: no function matching {key}")
 
