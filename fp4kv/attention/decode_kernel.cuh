@@ -147,8 +147,8 @@ __global__ void __launch_bounds__(kThreads, (SplitConfig<F, D, OM, NT>::Plan::kM
 
   // Both roles: the queries first (their latency overlaps the loads started next), then the
   // role's own loads, then the one query prologue (one copy of its code in the kernel).
-  FirstQuery<D> fq;
-  load_first_query<D>(a, b, kvh, warp, lane, fq);
+  cache::detail::RowFrag<D> first_query;
+  load_first_query<D>(a, b, kvh, warp, lane, first_query);
   const PageSource src{a, kvh, a.block_tables + size_t(b) * a.max_pages, pages, lay.last_page_tokens,
                        lay.masked_prefix, p_begin, npg};
   if (bf16_cta) {
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, (SplitConfig<F, D, OM, NT>::Plan::kM
   } else {
     start_split<K>(sm, src, tid);
   }
-  rotate_queries<D>(a, fq, sm.qf, b, kvh, warp, lane);
+  rotate_queries<D>(a, first_query, sm.qf, b, kvh, warp, lane);
   if (bf16_cta) {
     if constexpr (F::kBulk) sink_recent_part<D>(a, smem, sm.qf, sm.red_max, b, kvh, lay, tid);
     return;

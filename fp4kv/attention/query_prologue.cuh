@@ -61,30 +61,25 @@ __device__ __forceinline__ void load_query_lane(const void* q, IoType type, size
   }
 }
 
-// The query elements of the lane's first head (head = warp, when < G): loaded before the CTA
-// starts its page or row loads, so their latency overlaps those. The rare heads past the
-// first (G > kWarps) are loaded by rotate_queries itself.
-template <int D>
-struct FirstQuery {
-  static constexpr int E = D / 32;
-  static_assert(E == 2 || E == 4 || E == 8, "head_dim 64, 128 or 256");
-  cache::detail::RowFrag<D> row;
-};
-
 // Element offset of this lane's E channels of query head h of (b, kvh).
 template <int D>
 __device__ __forceinline__ size_t query_offset(const KernelArgs& a, int b, int kvh, int h, int lane) {
   return (size_t(b) * a.q_heads + size_t(kvh) * a.G + size_t(h)) * D + size_t(lane) * (D / 32);
 }
 
+// The query elements of the lane's first head (head = warp, when < G): loaded before the CTA
+// starts its page or row loads, so their latency overlaps those. The rare heads past the
+// first (G > kWarps) are loaded by rotate_queries itself.
 template <int D>
 __device__ __forceinline__ void load_first_query(const KernelArgs& a, int b, int kvh, int warp, int lane,
-                                                 FirstQuery<D>& fq) {
+                                                 cache::detail::RowFrag<D>& first) {
+  constexpr int E = cache::detail::RowFrag<D>::E;
+  static_assert(E == 2 || E == 4 || E == 8, "head_dim 64, 128 or 256");
   if (warp < a.G) {
-    load_query_lane<FirstQuery<D>::E>(a.q, a.q_type, query_offset<D>(a, b, kvh, warp, lane), fq.row.x);
+    load_query_lane<E>(a.q, a.q_type, query_offset<D>(a, b, kvh, warp, lane), first.x);
   } else {
 #pragma unroll
-    for (int e = 0; e < FirstQuery<D>::E; ++e) fq.row.x[e] = 0.0f;  // a warp without a head
+    for (int e = 0; e < E; ++e) first.x[e] = 0.0f;  // a warp without a head
   }
 }
 
@@ -93,10 +88,10 @@ __device__ __forceinline__ void load_first_query(const KernelArgs& a, int b, int
 // bit-identical to the CPU). One warp per head, so the prologue has one barrier, not one per
 // stage; the first head comes loaded (load_first_query).
 template <int D>
-__device__ void rotate_queries(const KernelArgs& a, const FirstQuery<D>& fq, float* qf, int b, int kvh, int warp,
-                               int lane) {
-  constexpr int E = FirstQuery<D>::E;
-  cache::detail::RowFrag<D> r = fq.row;
+__device__ void rotate_queries(const KernelArgs& a, const cache::detail::RowFrag<D>& first, float* qf, int b, int kvh,
+                               int warp, int lane) {
+  constexpr int E = cache::detail::RowFrag<D>::E;
+  cache::detail::RowFrag<D> r = first;
   float (&x)[E] = r.x;
   for (int h = warp; h < a.G; h += kWarps) {
     if (h != warp) load_query_lane<E>(a.q, a.q_type, query_offset<D>(a, b, kvh, h, lane), x);
