@@ -95,7 +95,7 @@ __device__ __forceinline__ void split_part(const KernelArgs& a, const CtaSmem& s
   using F = typename K::Fmt;
   using P = typename K::Plan;
 
-  build_query_operand<F, K::kD, K::T, K::NT>(a, sm.qf, sm.qfrag, sm.gfac, sm.ebuf, tid);
+  build_query_operand<F, K::kD, K::T, K::NT, K::kPFp4>(a, sm.qf, sm.qfrag, sm.gfac, sm.ebuf, tid);
   if constexpr (P::kBulk)  // the queries are consumed (barrier above): zero the P buffers they used
     for (int i = tid; i < P::PS / 4; i += kThreads) reinterpret_cast<uint32_t*>(sm.ps)[i] = 0u;
 

@@ -36,14 +36,16 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   __shared__ float red[D / 32];
   extern __shared__ float s_lse[];  // [max_splits + 1]: the valid splits' LSE, else -inf
   const size_t oi = (size_t(b) * a.q_heads + qh) * D + c;
-  // Launched as a programmatic dependent of the decode kernel: wait for its results (a
-  // no-op when launched normally).
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  // The row's scalars in one memory latency (no branch between the loads).
+  // The row's scalars in one memory latency (no branch between the loads), before waiting:
+  // they are the decode kernel's inputs, written before it started (it is launched
+  // normally, after all earlier work), so their latency overlaps the decode kernel's tail.
   const int err = a.error_flags ? a.error_flags[0] : 0;
   const int rows = a.num_rows ? a.num_rows[0] : a.batch;
   const int n_row = a.seq_lens[b];
   const int row_splits = a.row_splits[b], pps = a.row_pps[b];
+  // Launched as a programmatic dependent of the decode kernel: wait for its partials (a
+  // no-op when launched normally).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   if (err != 0) {
     store_io<IO>(a.out, oi, quiet_nan());
     if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = quiet_nan();

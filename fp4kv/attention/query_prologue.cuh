@@ -110,6 +110,12 @@ __device__ __forceinline__ void put_q(uint16_t* qfrag, int col, int c, uint32_t 
   qfrag[qfrag_half_index(col, c, NT)] = uint16_t(bits);
 }
 
+// ---- Per-thread FP4 query quantizers: one (head, block) per thread --------------------------
+// No preset runs these: the instances with FP4 queries use the warp quantizers below. They
+// stay compiled into the other instances behind the run-time query mode, whose page loops
+// ptxas allocates differently without them (measured 2.4-5 % slower at 128K; see
+// build_query_operand).
+
 // NVFP4 query terms (dual-residual when T == 2): per head a global scale from the finite
 // amax over all blocks (one barrier), then per block the E4M3-scaled codes; term t + 1
 // quantizes the residual of term t in place.
@@ -187,15 +193,110 @@ __device__ void quantize_query(MxFp4Page, const KernelArgs& a, float* qf, uint16
   }
 }
 
+// ---- Warp FP4 query quantizers (the native instances) -----------------------------------------
+// The FP4 query quantizers run one warp per head, the lane holding the E = D / 32 channels
+// lane * E .. lane * E + E - 1 (a block is kLanes consecutive lanes): block and head maxima
+// come from shuffles, every element is quantized by its own lane. Each element sees the
+// operations of the CPU's block quantizer (core/block_quant.h, core/operand_quant.h) in the
+// same order, so the codes, scales and residuals are the CPU's bit for bit; maxima are
+// exact in any order. The queries are finite here (the prologue zeroed the rest).
+template <int D, int BLOCK>
+struct QueryLanesOf {
+  static constexpr int E = D / 32;
+  static constexpr int kLanes = BLOCK / E;  // lanes per quantization block
+  static_assert(kLanes >= 1 && kLanes <= 32 && BLOCK % E == 0, "a block spans whole lanes");
+};
+
+// Maximum over the aligned group of `lanes` lanes (a power of two) holding one block.
+__device__ __forceinline__ float group_max(float v, int lanes) {
+  for (int o = 1; o < lanes; o *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// NVFP4 query terms (dual-residual when T == 2): per head a global scale g from the amax of
+// all its blocks, per block the E4M3 scale of its amax under g (nvfp4_quantize_block with
+// kappa 6, no search), the codes, and for term t + 1 the residual of term t.
+template <int D, int T, int NT>
+__device__ void quantize_query_by_warp(NvFp4Page, const KernelArgs& a, const float* qf, uint16_t* qfrag, float* gfac,
+                                       int tid) {
+  using Q = QueryLanesOf<D, kNvfp4Block>;
+  const int warp = tid / 32, lane = tid % 32;
+  for (int h = warp; h < a.G; h += kWarps) {
+    float x[Q::E];
+#pragma unroll
+    for (int e = 0; e < Q::E; ++e) x[e] = qf[h * D + lane * Q::E + e];
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int e = 0; e < Q::E; ++e) amax = max_f(amax, abs_f(x[e]));
+      const float g = nvfp4_global_scale(warp_max_xor(amax, 1));
+      const uint8_t s = nvfp4_block_scale(group_max(amax, Q::kLanes), 6.0f, g);
+      const float sv = e4m3_value(s), sg = mul_rn(sv, g);
+#pragma unroll
+      for (int e = 0; e < Q::E; ++e) {
+        const uint8_t c = sg > 0.0f ? e2m1_encode(div_rn(x[e], sg)) : uint8_t(0);
+        put_q<NT>(qfrag, h * T + t, lane * Q::E + e, half_bits(__fmul_rn(e2m1_value(c), sv)));
+        if (t + 1 < T) x[e] = sub_rn(x[e], mul_rn(e2m1_value(c), sg));
+      }
+      if (lane == 0) gfac[t * kMaxG + h] = g;
+    }
+  }
+  __syncthreads();
+}
+
+// MXFP4 query terms: per block the OCP exponent e of its amax (mxfp4_element_code under
+// 2^-e, no search), the codes stored relative to the head's largest block exponent emax
+// (gfac carries 2^(emax - 13)); all-zero blocks do not set emax.
+template <int D, int T, int NT>
+__device__ void quantize_query_by_warp(MxFp4Page, const KernelArgs& a, const float* qf, uint16_t* qfrag, float* gfac,
+                                       int tid) {
+  using Q = QueryLanesOf<D, kMxfp4Block>;
+  const int warp = tid / 32, lane = tid % 32;
+  for (int h = warp; h < a.G; h += kWarps) {
+    float x[Q::E];
+#pragma unroll
+    for (int e = 0; e < Q::E; ++e) x[e] = qf[h * D + lane * Q::E + e];
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int e = 0; e < Q::E; ++e) amax = max_f(amax, abs_f(x[e]));
+      const float amax_b = group_max(amax, Q::kLanes);
+      const int eb = mxfp4_ocp_exponent(amax_b);
+      int emax = __reduce_max_sync(0xffffffffu, amax_b > 0.0f ? eb : kNoExponent);
+      if (emax == kNoExponent) emax = 0;
+      const float unit = pow2f(max(eb - emax + kFp16CodeShift, kMinFloatExponent));
+      const float inv = pow2f(-eb), sc = e8m0_value(uint8_t(eb + kE8M0Bias));
+#pragma unroll
+      for (int e = 0; e < Q::E; ++e) {
+        const uint8_t c = mxfp4_element_code(x[e], inv);
+        put_q<NT>(qfrag, h * T + t, lane * Q::E + e, half_bits(__fmul_rn(e2m1_value(c), unit)));
+        if (t + 1 < T) x[e] = sub_rn(x[e], mul_rn(e2m1_value(c), sc));
+      }
+      if (lane == 0) gfac[t * kMaxG + h] = pow2f(max(emax - kFp16CodeShift, kMinFloatExponent));
+    }
+  }
+  __syncthreads();
+}
+
 // FP8 and BF16 pages take 16-bit queries only (the mixed path above).
 template <int D, int T, int NT, class F>
 __device__ __forceinline__ void quantize_query(F, const KernelArgs&, float*, uint16_t*, float*, int*, int) {}
 
 // Builds the B operand Q^T (T terms per head, fragment order, padding columns left zero)
-// and the FP32 factors gfac[t][h] of each term.
-template <class F, int D, int T, int NT>
+// and the FP32 factors gfac[t][h] of each term. Instances with FP4 queries (kFp4Query: the
+// native operand modes) quantize them one warp per head. The other instances keep the
+// run-time choice below with its per-thread quantizers, which their runs never reach: ptxas
+// allocates those kernels' page loops differently without that code, and the mixed presets
+// measured 2.4-5 % slower at 128K (docs/PERF.md, "Native presets at short contexts").
+template <class F, int D, int T, int NT, bool kFp4Query>
 __device__ void build_query_operand(const KernelArgs& a, float* qf, uint16_t* qfrag, float* gfac, int* ebuf,
                                     int tid) {
+  if constexpr (kFp4Query) {
+    quantize_query_by_warp<D, T, NT>(F{}, a, qf, qfrag, gfac, tid);
+    return;
+  }
   const int G = a.G;
   if (a.qmode == kQHalf || a.qmode == kQBf16) {
     for (int i = tid; i < G * D; i += kThreads) {
