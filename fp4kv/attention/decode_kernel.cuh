@@ -112,7 +112,6 @@ __device__ __forceinline__ void split_part(const KernelArgs& a, const CtaSmem& s
   if constexpr (P::kBulk) bulk_page_loop<K>(in, tid, warp, lane, slice, st, acc);
   else bf16_page_loop<K>(in, tid, warp, lane, st, acc);
 
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if constexpr (!P::kBulk) cp_async_wait<0>();
   write_partial<K>(a, sm, map, st, acc, b, kvh, split, tid, warp, lane, slice);
 }
@@ -124,6 +123,9 @@ __global__ void __launch_bounds__(kThreads, (SplitConfig<F, D, OM, NT>::Plan::kM
   extern __shared__ __align__(128) uint8_t smem[];
   const CtaSmem sm = carve_smem<typename K::Plan>(smem);
 
+  // The combine (a programmatic dependent) may launch once every CTA of this grid runs: its
+  // CTAs then load their scalars and wait for this grid while it works.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (b >= a.batch || kvh >= a.kv_heads) return;
