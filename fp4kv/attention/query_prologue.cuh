@@ -205,6 +205,19 @@ struct QueryLanesOf {
   static constexpr int E = D / 32;
   static constexpr int kLanes = BLOCK / E;  // lanes per quantization block
   static_assert(kLanes >= 1 && kLanes <= 32 && BLOCK % E == 0, "a block spans whole lanes");
+
+  // The lane's channels of query head h (qf [G][D]).
+  __device__ __forceinline__ static void load(const float* qf, int h, int lane, float (&x)[E]) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = qf[h * D + lane * E + e];
+  }
+  // The largest magnitude among the lane's channels.
+  __device__ __forceinline__ static float amax(const float (&x)[E]) {
+    float m = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) m = max_f(m, abs_f(x[e]));
+    return m;
+  }
 };
 
 // Maximum over the aligned group of `lanes` lanes (a power of two) holding one block.
@@ -213,68 +226,62 @@ __device__ __forceinline__ float group_max(float v, int lanes) {
   return v;
 }
 
-// NVFP4 query terms (dual-residual when T == 2): per head a global scale g from the amax of
-// all its blocks, per block the E4M3 scale of its amax under g (nvfp4_quantize_block with
-// kappa 6, no search), the codes, and for term t + 1 the residual of term t.
-template <int D, int T, int NT>
-__device__ void quantize_query_by_warp(NvFp4Page, const KernelArgs& a, const float* qf, uint16_t* qfrag, float* gfac,
-                                       int tid) {
+// One NVFP4 query term of a head from the lane's channels x: the head's global scale g from
+// the amax of all its blocks, per block the E4M3 scale of its amax under g
+// (nvfp4_quantize_block with kappa 6, no search), the codes into column `col`; x becomes the
+// residual when `residual`. Returns the term's FP32 factor (g).
+template <int D, int NT>
+__device__ __forceinline__ float quantize_term_by_warp(NvFp4Page, float (&x)[D / 32], int lane, int col, bool residual,
+                                                       uint16_t* qfrag) {
   using Q = QueryLanesOf<D, kNvfp4Block>;
-  const int warp = tid / 32, lane = tid % 32;
-  for (int h = warp; h < a.G; h += kWarps) {
-    float x[Q::E];
+  const float amax = Q::amax(x);
+  const float g = nvfp4_global_scale(warp_max_xor(amax, 1));
+  const uint8_t s = nvfp4_block_scale(group_max(amax, Q::kLanes), 6.0f, g);
+  const float sv = e4m3_value(s), sg = mul_rn(sv, g);
 #pragma unroll
-    for (int e = 0; e < Q::E; ++e) x[e] = qf[h * D + lane * Q::E + e];
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float amax = 0.0f;
-#pragma unroll
-      for (int e = 0; e < Q::E; ++e) amax = max_f(amax, abs_f(x[e]));
-      const float g = nvfp4_global_scale(warp_max_xor(amax, 1));
-      const uint8_t s = nvfp4_block_scale(group_max(amax, Q::kLanes), 6.0f, g);
-      const float sv = e4m3_value(s), sg = mul_rn(sv, g);
-#pragma unroll
-      for (int e = 0; e < Q::E; ++e) {
-        const uint8_t c = sg > 0.0f ? e2m1_encode(div_rn(x[e], sg)) : uint8_t(0);
-        put_q<NT>(qfrag, h * T + t, lane * Q::E + e, half_bits(__fmul_rn(e2m1_value(c), sv)));
-        if (t + 1 < T) x[e] = sub_rn(x[e], mul_rn(e2m1_value(c), sg));
-      }
-      if (lane == 0) gfac[t * kMaxG + h] = g;
-    }
+  for (int e = 0; e < Q::E; ++e) {
+    const uint8_t c = sg > 0.0f ? e2m1_encode(div_rn(x[e], sg)) : uint8_t(0);
+    put_q<NT>(qfrag, col, lane * Q::E + e, half_bits(__fmul_rn(e2m1_value(c), sv)));
+    if (residual) x[e] = sub_rn(x[e], mul_rn(e2m1_value(c), sg));
   }
-  __syncthreads();
+  return g;
 }
 
-// MXFP4 query terms: per block the OCP exponent e of its amax (mxfp4_element_code under
-// 2^-e, no search), the codes stored relative to the head's largest block exponent emax
-// (gfac carries 2^(emax - 13)); all-zero blocks do not set emax.
-template <int D, int T, int NT>
-__device__ void quantize_query_by_warp(MxFp4Page, const KernelArgs& a, const float* qf, uint16_t* qfrag, float* gfac,
-                                       int tid) {
+// One MXFP4 query term: per block the OCP exponent e of its amax (mxfp4_element_code under
+// 2^-e, no search), the codes stored relative to the head's largest block exponent emax;
+// all-zero blocks do not set emax. Returns the term's factor 2^(emax - 13).
+template <int D, int NT>
+__device__ __forceinline__ float quantize_term_by_warp(MxFp4Page, float (&x)[D / 32], int lane, int col, bool residual,
+                                                       uint16_t* qfrag) {
   using Q = QueryLanesOf<D, kMxfp4Block>;
+  const float amax_b = group_max(Q::amax(x), Q::kLanes);
+  const int eb = mxfp4_ocp_exponent(amax_b);
+  int emax = __reduce_max_sync(0xffffffffu, amax_b > 0.0f ? eb : kNoExponent);
+  if (emax == kNoExponent) emax = 0;
+  const float unit = pow2f(max(eb - emax + kFp16CodeShift, kMinFloatExponent));
+  const float inv = pow2f(-eb), sc = e8m0_value(uint8_t(eb + kE8M0Bias));
+#pragma unroll
+  for (int e = 0; e < Q::E; ++e) {
+    const uint8_t c = mxfp4_element_code(x[e], inv);
+    put_q<NT>(qfrag, col, lane * Q::E + e, half_bits(__fmul_rn(e2m1_value(c), unit)));
+    if (residual) x[e] = sub_rn(x[e], mul_rn(e2m1_value(c), sc));
+  }
+  return pow2f(max(emax - kFp16CodeShift, kMinFloatExponent));
+}
+
+// The T FP4 query terms of every head (dual-residual when T == 2: term t + 1 quantizes the
+// residual of term t), one warp per head; gfac[t][h] their factors.
+template <class F, int D, int T, int NT>
+__device__ void quantize_query_by_warp(const KernelArgs& a, const float* qf, uint16_t* qfrag, float* gfac, int tid) {
+  using Q = QueryLanesOf<D, F::kBlock>;
   const int warp = tid / 32, lane = tid % 32;
   for (int h = warp; h < a.G; h += kWarps) {
     float x[Q::E];
-#pragma unroll
-    for (int e = 0; e < Q::E; ++e) x[e] = qf[h * D + lane * Q::E + e];
+    Q::load(qf, h, lane, x);
 #pragma unroll
     for (int t = 0; t < T; ++t) {
-      float amax = 0.0f;
-#pragma unroll
-      for (int e = 0; e < Q::E; ++e) amax = max_f(amax, abs_f(x[e]));
-      const float amax_b = group_max(amax, Q::kLanes);
-      const int eb = mxfp4_ocp_exponent(amax_b);
-      int emax = __reduce_max_sync(0xffffffffu, amax_b > 0.0f ? eb : kNoExponent);
-      if (emax == kNoExponent) emax = 0;
-      const float unit = pow2f(max(eb - emax + kFp16CodeShift, kMinFloatExponent));
-      const float inv = pow2f(-eb), sc = e8m0_value(uint8_t(eb + kE8M0Bias));
-#pragma unroll
-      for (int e = 0; e < Q::E; ++e) {
-        const uint8_t c = mxfp4_element_code(x[e], inv);
-        put_q<NT>(qfrag, h * T + t, lane * Q::E + e, half_bits(__fmul_rn(e2m1_value(c), unit)));
-        if (t + 1 < T) x[e] = sub_rn(x[e], mul_rn(e2m1_value(c), sc));
-      }
-      if (lane == 0) gfac[t * kMaxG + h] = pow2f(max(emax - kFp16CodeShift, kMinFloatExponent));
+      const float f = quantize_term_by_warp<D, NT>(F{}, x, lane, h * T + t, t + 1 < T, qfrag);
+      if (lane == 0) gfac[t * kMaxG + h] = f;
     }
   }
   __syncthreads();
@@ -294,7 +301,7 @@ template <class F, int D, int T, int NT, bool kFp4Query>
 __device__ void build_query_operand(const KernelArgs& a, float* qf, uint16_t* qfrag, float* gfac, int* ebuf,
                                     int tid) {
   if constexpr (kFp4Query) {
-    quantize_query_by_warp<D, T, NT>(F{}, a, qf, qfrag, gfac, tid);
+    quantize_query_by_warp<F, D, T, NT>(a, qf, qfrag, gfac, tid);
     return;
   }
   const int G = a.G;
