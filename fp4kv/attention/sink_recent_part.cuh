@@ -2,7 +2,7 @@
 // first kSinkTokens and the recent ring of the slot buffer, cache/layout.h) attended with
 // FP32 CUDA-core math, its partial (o, base-2 LSE) written as split max_splits for the
 // combine. All rows are fetched at once (one memory latency), S = q'.k' by 8 lanes per key
-// with 3 shuffles, P.V by (channel pair, head group) threads over the keys in order.
+// with 3 shuffles, P.V by (channel pair, head group) threads over the keys in four chains.
 #pragma once
 
 #include "fp4kv/attention/device_common.cuh"
@@ -133,39 +133,42 @@ __device__ void sink_recent_part(const KernelArgs& a, uint8_t* region, const flo
     }
   }
   __syncthreads();
-  // P.V: thread owns channels 2 cp, 2 cp + 1 and heads hg, hg + HG, ...
+  // P.V: thread owns channels 2 cp, 2 cp + 1 of heads hg, hg + HG, ... below G. Per head the
+  // keys run in kChains interleaved FMA chains (added in a fixed order at the end) and the
+  // key loop holds no branch, so the shared-memory loads of successive keys overlap; a loop
+  // over all kMaxG heads with a test per head serialized them (a third of this CTA's time).
   constexpr int PAIRS = D / 2;
   constexpr int HG = kThreads / PAIRS;
-  constexpr int HPT = kMaxG / HG;
+  constexpr int kChains = 4;
   const int cp = tid % PAIRS, hg = tid / PAIRS;
-  float o0[HPT], o1[HPT];
-#pragma unroll
-  for (int k = 0; k < HPT; ++k) o0[k] = o1[k] = 0.0f;
   const uint32_t* V32 = reinterpret_cast<const uint32_t*>(Vc);
-#pragma unroll 4
-  for (int i = 0; i < nbf; ++i) {
-    const uint32_t w = V32[i * PAIRS + cp];
-    const float v0 = __uint_as_float(w << 16), v1 = __uint_as_float(w & 0xFFFF0000u);
+  for (int h = hg; h < G; h += HG) {
+    const float* p_row = Sb + h * kBf16Rows;
+    float o0[kChains], o1[kChains];
 #pragma unroll
-    for (int k = 0; k < HPT; ++k) {
-      const int h = hg + k * HG;
-      if (h < G) {
-        const float p = Sb[h * kBf16Rows + i];
-        o0[k] = fmaf(p, v0, o0[k]);
-        o1[k] = fmaf(p, v1, o1[k]);
+    for (int c = 0; c < kChains; ++c) o0[c] = o1[c] = 0.0f;
+    int i = 0;
+#pragma unroll 2
+    for (; i + kChains <= nbf; i += kChains) {
+#pragma unroll
+      for (int c = 0; c < kChains; ++c) {
+        const uint32_t w = V32[(i + c) * PAIRS + cp];
+        const float p = p_row[i + c];
+        o0[c] = fmaf(p, __uint_as_float(w << 16), o0[c]);
+        o1[c] = fmaf(p, __uint_as_float(w & 0xFFFF0000u), o1[c]);
       }
     }
-  }
-#pragma unroll
-  for (int k = 0; k < HPT; ++k) {
-    const int h = hg + k * HG;
-    if (h < G) {
-      const float l = red[kMaxG + h];
-      float* dst = a.part_o + ((obase + h) * S1 + a.max_splits) * D + 2 * cp;
-      dst[0] = o0[k] / l;
-      dst[1] = o1[k] / l;
-      if (cp == 0) a.part_lse[(obase + h) * S1 + a.max_splits] = red[h] + log2f(l);
+    for (; i < nbf; ++i) {  // the last nbf % kChains keys
+      const uint32_t w = V32[i * PAIRS + cp];
+      const float p = p_row[i];
+      o0[0] = fmaf(p, __uint_as_float(w << 16), o0[0]);
+      o1[0] = fmaf(p, __uint_as_float(w & 0xFFFF0000u), o1[0]);
     }
+    const float l = red[kMaxG + h];
+    float* dst = a.part_o + ((obase + h) * S1 + a.max_splits) * D + 2 * cp;
+    dst[0] = ((o0[0] + o0[1]) + (o0[2] + o0[3])) / l;
+    dst[1] = ((o1[0] + o1[1]) + (o1[2] + o1[3])) / l;
+    if (cp == 0) a.part_lse[(obase + h) * S1 + a.max_splits] = red[h] + log2f(l);
   }
 }
 
