@@ -140,6 +140,7 @@ __device__ void sink_recent_part(const KernelArgs& a, uint8_t* region, const flo
   constexpr int PAIRS = D / 2;
   constexpr int HG = kThreads / PAIRS;
   constexpr int kChains = 4;
+  static_assert(kChains == 4, "the partials below add four chains");
   const int cp = tid % PAIRS, hg = tid / PAIRS;
   const uint32_t* V32 = reinterpret_cast<const uint32_t*>(Vc);
   for (int h = hg; h < G; h += HG) {
