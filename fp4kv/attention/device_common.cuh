@@ -113,6 +113,9 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 __device__ __forceinline__ uint32_t half_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
 __device__ __forceinline__ uint32_t bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+// The BF16 value in the low or high half of a 32-bit word, as FP32 (exact: one shift or mask).
+__device__ __forceinline__ float bf16_low_as_float(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_high_as_float(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
 
 // Element i of an input (query) or output array of the I/O type IO (a template argument,
 // so a kernel reads and writes its one type with no branch).

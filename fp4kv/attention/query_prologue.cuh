@@ -43,8 +43,8 @@ __device__ __forceinline__ void load_query_lane(const void* q, IoType type, size
     ldg_words<E / 2>(static_cast<const uint16_t*>(q) + offset, w);
 #pragma unroll
     for (int k = 0; k < E / 2; ++k) {
-      x[2 * k] = __uint_as_float(w[k] << 16);
-      x[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+      x[2 * k] = bf16_low_as_float(w[k]);
+      x[2 * k + 1] = bf16_high_as_float(w[k]);
     }
     return;
   }
@@ -236,7 +236,7 @@ __device__ __forceinline__ float quantize_term_by_warp(NvFp4Page, float (&x)[D /
   using Q = QueryLanesOf<D, kNvfp4Block>;
   const float amax = Q::amax(x);
   const float g = nvfp4_global_scale(warp_max_xor(amax, 1));
-  const uint8_t s = nvfp4_block_scale(group_max(amax, Q::kLanes), 6.0f, g);
+  const uint8_t s = nvfp4_block_scale(group_max(amax, Q::kLanes), kE2M1Max, g);
   const float sv = e4m3_value(s), sg = mul_rn(sv, g);
 #pragma unroll
   for (int e = 0; e < Q::E; ++e) {

@@ -84,8 +84,8 @@ __device__ void sink_recent_part(const KernelArgs& a, uint8_t* region, const flo
         float kv[8];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          kv[2 * e] = __uint_as_float(wv[e] << 16);
-          kv[2 * e + 1] = __uint_as_float(wv[e] & 0xFFFF0000u);
+          kv[2 * e] = bf16_low_as_float(wv[e]);
+          kv[2 * e + 1] = bf16_high_as_float(wv[e]);
         }
 #pragma unroll
         for (int h = 0; h < kMaxG; ++h) {
@@ -155,15 +155,15 @@ __device__ void sink_recent_part(const KernelArgs& a, uint8_t* region, const flo
       for (int c = 0; c < kChains; ++c) {
         const uint32_t w = V32[(i + c) * PAIRS + cp];
         const float p = p_row[i + c];
-        o0[c] = fmaf(p, __uint_as_float(w << 16), o0[c]);
-        o1[c] = fmaf(p, __uint_as_float(w & 0xFFFF0000u), o1[c]);
+        o0[c] = fmaf(p, bf16_low_as_float(w), o0[c]);
+        o1[c] = fmaf(p, bf16_high_as_float(w), o1[c]);
       }
     }
     for (; i < nbf; ++i) {  // the last nbf % kChains keys
       const uint32_t w = V32[i * PAIRS + cp];
       const float p = p_row[i];
-      o0[0] = fmaf(p, __uint_as_float(w << 16), o0[0]);
-      o1[0] = fmaf(p, __uint_as_float(w & 0xFFFF0000u), o1[0]);
+      o0[0] = fmaf(p, bf16_low_as_float(w), o0[0]);
+      o1[0] = fmaf(p, bf16_high_as_float(w), o1[0]);
     }
     const float l = red[kMaxG + h];
     float* dst = a.part_o + ((obase + h) * S1 + a.max_splits) * D + 2 * cp;
