@@ -36,6 +36,9 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   __shared__ float red[D / 32];
   extern __shared__ float s_lse[];  // [max_splits + 1]: the valid splits' LSE, else -inf
   const size_t oi = (size_t(b) * a.q_heads + qh) * D + c;
+  // The next op (in the decode step the O projection's GEMV, a programmatic dependent) may
+  // launch now and issue its weight loads while this grid waits for the decode kernel.
+  cache::allow_dependents();
   // The row's scalars in one memory latency (no branch between the loads), before waiting:
   // they are the decode kernel's inputs, written before it started (it is launched
   // normally, after all earlier work), so their latency overlaps the decode kernel's tail.

@@ -13,63 +13,74 @@ namespace fp4kv::ops {
 
 namespace {
 
-constexpr int kWarps = 8;          // output features per CTA, one per warp
+constexpr int kWarps = 8;  // warps per CTA: kWarps / slices rows, each in `slices` k-slices
 constexpr int kChunk = kBf16PerLoad;
-constexpr int kLoadsInFlight = 8;  // W loads a lane issues before it uses any: 4 KiB per warp in flight
+constexpr int kLoadsInFlight = 8;                       // W loads a lane issues before it uses any: 4 KiB per warp
+constexpr int kChunksPerPass = 32 * kLoadsInFlight;     // 16-byte chunks a warp has in flight
+constexpr int kMaxSlices = kWarps;
 
-// acc[m] += <W chunk, X[m] chunk> for every row of X.
+// acc[m] += <W chunk, X[m] chunk> for every row m of X; xc points at row 0's chunk, row m's is
+// `chunks` further per row.
 template <int M>
-__device__ __forceinline__ void accumulate_chunk(const uint4& w_chunk, const __nv_bfloat16* __restrict__ x, int k,
-                                                 int c, float (&acc)[M]) {
+__device__ __forceinline__ void accumulate_chunk(const uint4& w_chunk, const uint4* __restrict__ xc, int chunks,
+                                                 float (&acc)[M]) {
   float wf[kChunk];
   bf16x8_to_float(w_chunk, wf);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     float xf[kChunk];
-    bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x + size_t(m) * k) + c), xf);
+    bf16x8_to_float(__ldg(xc + size_t(m) * chunks), xf);
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) acc[m] = fmaf(wf[i], xf[i], acc[m]);
   }
 }
 
-// kLoadsInFlight streaming loads of W's chunks first, first + 32, ... (W is read once: past
-// the caches); chunks past the row are left as they are.
-__device__ __forceinline__ void load_w(const uint4* __restrict__ wrow, int first, int chunks,
-                                       uint4 (&wv)[kLoadsInFlight]) {
+// Streaming loads of a lane's next chunks wp[0], wp[32], ... below `left` (W is read once: past
+// the caches); the others are left as they are.
+__device__ __forceinline__ void load_w(const uint4* __restrict__ wp, int left, uint4 (&wv)[kLoadsInFlight]) {
 #pragma unroll
   for (int j = 0; j < kLoadsInFlight; ++j) {
-    const int c = first + 32 * j;
-    if (c < chunks) wv[j] = __ldcs(wrow + c);
+    if (32 * j < left) wv[j] = __ldcs(wp + 32 * j);
   }
 }
 
-// A lane owns the chunks lane, lane + 32, ... of W's row. The step is bound by how many bytes
-// are in flight (a Qwen3 row is 5-19 KiB, a whole matrix one or two waves): each pass issues
-// kLoadsInFlight independent streaming loads first, then consumes them in k order, so the
-// per-lane summation order is the plain k order. Launched as a programmatic dependent of the
-// op that writes X: the first pass's W loads are issued before waiting for it (W depends on
-// nothing), X is read and Y written only after.
+// A CTA owns kWarps / slices consecutive rows of W; each row is cut into `slices` equal
+// k-slices of whole 16-byte chunks, one warp each, and a lane owns the chunks lane,
+// lane + 32, ... of its slice. The host picks the fewest slices that put a slice in one
+// pass of kLoadsInFlight loads per lane (gemv_slices), so at the decode step's shapes every
+// weight load of the kernel is issued at once, before waiting for X, and the 2560-row
+// matrices run as 640 CTAs of 4 rows instead of 320 of 8 (which left a third of the SMs a
+// CTA short). Sums: per lane in k order, a butterfly over the warp, then the row's slices in
+// slice order through shared memory: a fixed order. Launched as a programmatic dependent of
+// the op that writes X: the first pass's W loads are issued before waiting for it (W depends
+// on nothing), X is read and Y written only after.
 template <int M, bool F32Out>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __nv_bfloat16* __restrict__ x,
-                                                           const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
-                                                           int n, int k) {
-  const int lane = threadIdx.x % 32;
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (row >= n) return;
-  const uint4* wrow = reinterpret_cast<const uint4*>(w + size_t(row) * k);
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int n,
+                int k, int slices) {
+  __shared__ float partial[kWarps][M];
+  cache::allow_dependents();  // the next op (a norm, SwiGLU, QK-norm + RoPE) may set up its grid
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int slice = warp % slices;
+  const int row = blockIdx.x * (kWarps / slices) + warp / slices;
   const int chunks = k / kChunk;
+  const int per_slice = (chunks + slices - 1) / slices;
+  const int first = slice * per_slice + lane;
+  // This lane's chunks are wp[0], wp[32], ... below wp[left] (none for rows past n).
+  const int left = row < n ? min(chunks - slice * per_slice, per_slice) - lane : 0;
+  const uint4* wp = reinterpret_cast<const uint4*>(w + size_t(row < n ? row : 0) * k) + first;
+  const uint4* xp = reinterpret_cast<const uint4*>(x) + first;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
   uint4 wv[kLoadsInFlight];
-  load_w(wrow, lane, chunks, wv);
+  load_w(wp, left, wv);
   cache::wait_for_producer();
-  for (int first = lane; first < chunks; first += 32 * kLoadsInFlight) {
-    if (first != lane) load_w(wrow, first, chunks, wv);
+  for (int done = 0; done < left; done += kChunksPerPass) {
+    if (done != 0) load_w(wp + done, left - done, wv);
 #pragma unroll
     for (int j = 0; j < kLoadsInFlight; ++j) {
-      const int c = first + 32 * j;
-      if (c < chunks) accumulate_chunk<M>(wv[j], x, k, c, acc);
+      if (done + 32 * j < left) accumulate_chunk<M>(wv[j], xp + done + 32 * j, chunks, acc);
     }
   }
 #pragma unroll
@@ -77,28 +88,42 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __nv_bfloat16* 
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
   }
-  if (lane != 0) return;
+  if (lane == 0) {
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    if constexpr (F32Out) {
-      static_cast<float*>(y)[size_t(m) * n + row] = acc[m];
-    } else {
-      static_cast<__nv_bfloat16*>(y)[size_t(m) * n + row] = __float2bfloat16_rn(acc[m]);
-    }
+    for (int m = 0; m < M; ++m) partial[warp][m] = acc[m];
+  }
+  __syncthreads();
+  if (slice != 0 || lane >= M || row >= n) return;
+  const int m = lane;  // lane m writes X row m's output
+  float sum = partial[warp][m];
+  for (int s = 1; s < slices; ++s) sum += partial[warp + s][m];
+  if constexpr (F32Out) {
+    static_cast<float*>(y)[size_t(m) * n + row] = sum;
+  } else {
+    static_cast<__nv_bfloat16*>(y)[size_t(m) * n + row] = __float2bfloat16_rn(sum);
   }
 }
 
 template <int M>
 void launch_rows(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f32_out, int n, int k,
                  cudaStream_t stream) {
-  const dim3 grid((n + kWarps - 1) / kWarps), block(kWarps * 32);
+  const int slices = gemv_slices(k);
+  const int rows_per_cta = kWarps / slices;
+  const dim3 grid((n + rows_per_cta - 1) / rows_per_cta), block(kWarps * 32);
   if (f32_out)
-    cache::launch_dependent(gemv_kernel<M, true>, grid, block, 0, stream, x, w, y, n, k);
+    cache::launch_dependent(gemv_kernel<M, true>, grid, block, 0, stream, x, w, y, n, k, slices);
   else
-    cache::launch_dependent(gemv_kernel<M, false>, grid, block, 0, stream, x, w, y, n, k);
+    cache::launch_dependent(gemv_kernel<M, false>, grid, block, 0, stream, x, w, y, n, k, slices);
 }
 
 }  // namespace
+
+int gemv_slices(int k) {
+  const int chunks = k / kChunk;
+  int slices = 1;
+  while (slices < kMaxSlices && (chunks + slices - 1) / slices > kChunksPerPass) slices *= 2;
+  return slices;
+}
 
 bool gemv_supports(int m, int k) { return m >= 1 && m <= kGemvMaxRows && k > 0 && k % kGemvKMultiple == 0; }
 

@@ -1,13 +1,15 @@
 // Y[m][n] = X[m][k] W[n][k]^T for a few rows (m <= kGemvMaxRows): the decode step's GEMMs at
-// small batch, where the cost is reading W once. One warp per output feature streams W's row
-// with 16-byte loads (8 BF16 per lane, 8 per lane in flight), multiplies by every X row in FP32 and
-// reduces across the warp; BF16 or FP32 output. A candidate of ops::Gemm::tune, kept only
+// small batch, where the cost is reading W once. Each output feature's row of W is cut into
+// gemv_slices(k) k-slices, one warp each, streamed with 16-byte loads (8 BF16 per lane, 8 per
+// lane in flight), multiplied by every X row in FP32, reduced across the warp and then across
+// the row's slices; BF16 or FP32 output. A candidate of ops::Gemm::tune, kept only
 // where it measures faster than cuBLASLt's algorithms. Launched as a programmatic dependent
 // (cache/dependent_launch.cuh): its first weight loads overlap the op that produces X (the norms and SwiGLU
 // allow their dependents to start at once).
 //
 // Invariants: k is a multiple of 8 and x, w are 16-byte aligned (checked by the caller);
-// accumulation is FP32 in a fixed order (per lane in k order, then a butterfly over lanes),
+// accumulation is FP32 in a fixed order (per lane in k order, a butterfly over lanes, the
+// slices in order),
 // so the tolerance of tests/ops/test_gemm_gpu.cpp (any-order FP32 sum) covers it. No host
 // synchronization.
 #pragma once
@@ -21,6 +23,9 @@ inline constexpr int kGemvMaxRows = 8;
 inline constexpr int kGemvKMultiple = 8;  // one 16-byte load of BF16
 
 bool gemv_supports(int m, int k);
+// Warps per row of W: the fewest (1, 2, 4 or 8) that put a warp's slice in one pass of its
+// loads in flight (k <= 2048: 1; the Qwen3 shapes 2560..9728: 2..8).
+int gemv_slices(int k);
 // y is __nv_bfloat16* or float* as `f32_out` says.
 void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f32_out, int m, int n, int k,
           cudaStream_t stream);

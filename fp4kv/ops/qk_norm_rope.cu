@@ -67,6 +67,7 @@ __device__ void norm_rope_head(const HeadIo& io, int head_dim, float eps) {
 
 __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRopeArgs a) {
   cache::allow_dependents();  // the cache's append may set up its grid
+  cache::wait_for_producer();  // launched as a programmatic dependent of the QKV GEMM
   const int heads = a.q_heads + 2 * a.kv_heads;
   const int64_t job = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (job >= int64_t(a.tokens) * heads) return;
@@ -138,7 +139,7 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
           "qk_norm_rope: a device pointer is null");
   const int64_t warps = int64_t(a.tokens) * (a.q_heads + 2 * a.kv_heads);
   const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  qk_norm_rope_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a);
+  cache::launch_dependent(qk_norm_rope_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, a);
   cache::cuda_check_launch("qk_norm_rope");
 }
 

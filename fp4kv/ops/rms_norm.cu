@@ -1,6 +1,8 @@
 // RMSNorm kernels: one CTA per row; pass 1 sums squares (and, fused, stores the rounded
 // residual sum), pass 2 normalizes. Each thread revisits only the elements it wrote in
-// pass 1, so the residual it reads back needs no barrier beyond the sum's.
+// pass 1, so the residual it reads back needs no barrier beyond the sum's. Launched as
+// programmatic dependents (cache/dependent_launch.cuh) that wait for their producer before
+// reading anything: their launch overlaps the producer's tail.
 #include "fp4kv/ops/rms_norm.h"
 
 #include <string>
@@ -47,6 +49,7 @@ __device__ void normalize_row(const __nv_bfloat16* x, const __nv_bfloat16* weigh
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const __nv_bfloat16* x, const __nv_bfloat16* weight, int n, float eps, __nv_bfloat16* y) {
   cache::allow_dependents();  // the next GEMV may start streaming its weights
+  cache::wait_for_producer();
   const size_t row = size_t(blockIdx.x) * n;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < n; i += kThreads) {
@@ -61,6 +64,7 @@ __global__ void __launch_bounds__(kThreads)
     add_rms_norm_kernel(__nv_bfloat16* residual, const __nv_bfloat16* delta, const __nv_bfloat16* weight, int n,
                         float eps, __nv_bfloat16* y) {
   cache::allow_dependents();
+  cache::wait_for_producer();
   const size_t row = size_t(blockIdx.x) * n;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < n; i += kThreads) {
@@ -86,7 +90,7 @@ void rms_norm(const RmsNormArgs& a, cudaStream_t stream) {
   check_sizes("rms_norm", a.rows, a.n, a.eps);
   if (a.rows == 0) return;
   require(a.x && a.weight && a.y, "rms_norm: a device pointer is null");
-  rms_norm_kernel<<<a.rows, kThreads, 0, stream>>>(a.x, a.weight, a.n, a.eps, a.y);
+  cache::launch_dependent(rms_norm_kernel, dim3(a.rows), dim3(kThreads), 0, stream, a.x, a.weight, a.n, a.eps, a.y);
   cache::cuda_check_launch("rms_norm");
 }
 
@@ -95,7 +99,8 @@ void add_rms_norm(const AddRmsNormArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   require(a.residual && a.delta && a.weight && a.y, "add_rms_norm: a device pointer is null");
   require(a.y != a.residual, "add_rms_norm: y must not alias residual");
-  add_rms_norm_kernel<<<a.rows, kThreads, 0, stream>>>(a.residual, a.delta, a.weight, a.n, a.eps, a.y);
+  cache::launch_dependent(add_rms_norm_kernel, dim3(a.rows), dim3(kThreads), 0, stream, a.residual, a.delta, a.weight,
+                          a.n, a.eps, a.y);
   cache::cuda_check_launch("add_rms_norm");
 }
 

@@ -18,6 +18,7 @@ constexpr int kMaxBlocks = 4096;
 __global__ void __launch_bounds__(kThreads)
     swiglu_kernel(const __nv_bfloat16* gate_up, int64_t total, int intermediate, __nv_bfloat16* out) {
   cache::allow_dependents();  // the down GEMV may start streaming its weights
+  cache::wait_for_producer();  // launched as a programmatic dependent of the gate/up GEMM
   for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < total; e += int64_t(gridDim.x) * kThreads) {
     const int64_t row = e / intermediate, col = e % intermediate;
     const __nv_bfloat16* g = gate_up + row * 2 * intermediate;
@@ -35,7 +36,8 @@ void swiglu(const SwigluArgs& a, cudaStream_t stream) {
   require(a.gate_up && a.out, "swiglu: a device pointer is null");
   const int64_t total = int64_t(a.rows) * a.intermediate;
   const int blocks = int(std::min<int64_t>(kMaxBlocks, (total + kThreads - 1) / kThreads));
-  swiglu_kernel<<<blocks, kThreads, 0, stream>>>(a.gate_up, total, a.intermediate, a.out);
+  cache::launch_dependent(swiglu_kernel, dim3(blocks), dim3(kThreads), 0, stream, a.gate_up, total, a.intermediate,
+                          a.out);
   cache::cuda_check_launch("swiglu");
 }
 

@@ -1,0 +1,49 @@
+#!/bin/bash
+# A/B of the engine's decode step in one device call, both trees built on the device (no
+# cpp-httplib there: the CLI without `serve`, enough for the benchmarks). The new tree is this
+# checkout; the base is it with PATCH reversed (PATCH=ab.patch, from `git diff BASE > ab.patch`
+# here; an untracked file travels with the tree). Then: the ops and engine GPU tests of the new
+# build (TESTS=0 skips; SANITIZE=1 adds memcheck and the attention tests), `fp4kv bench gemm` at batch 1-8 and `fp4kv bench step` alternated
+# base/new REPS times (default 3), and bench/compare_step.py's median ratios. To $OUT:
+# step_ab.md, step_ab_logs.tgz.
+#   PATCH=ab.patch REPS=3 bash bench/device_step_ab.sh
+set -o pipefail
+OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+NEW=$PWD; BASE=/tmp/ab-base-src; REPS=${REPS:-3}
+rm -rf $BASE && cp -r "$NEW" $BASE && (cd $BASE && patch -s -R -p1 < "$NEW/${PATCH:-ab.patch}") || exit 1
+TARGETS="fp4kv fp4kv_ops_gpu_tests fp4kv_engine_gpu_tests fp4kv_attention_tests"
+for side in new base; do
+  SRC=$([ $side = new ] && echo "$NEW" || echo $BASE)
+  (cmake -S "$SRC" -B /tmp/ab-build-$side -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4KV_PTXAS_VERBOSE=ON > /tmp/cfg-$side.log 2>&1 \
+    && cmake --build /tmp/ab-build-$side -j16 --target $TARGETS > /tmp/build-$side.log 2>&1)
+  echo "build $side rc=$?"; grep -E "error" /tmp/build-$side.log | head -5
+done
+mkdir -p /tmp/ab-logs; cp /tmp/build-new.log /tmp/ab-logs/
+mkdir -p /work && ln -sfn "$NEW" /work/main  # the tests find models/pk8l at their compiled-in path
+B=/tmp/ab-build-new
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+if [ "${TESTS:-1}" = 1 ]; then
+  (timeout 120 $B/tests/ops/fp4kv_ops_gpu_tests > /tmp/ab-logs/ops_tests.log 2>&1); echo "ops tests rc=$?"; tail -1 /tmp/ab-logs/ops_tests.log
+  (timeout 240 $B/tests/engine/fp4kv_engine_gpu_tests > /tmp/ab-logs/engine_tests.log 2>&1); echo "engine tests rc=$?"
+  grep -E "^\[  (FAILED|PASSED)|Failure" /tmp/ab-logs/engine_tests.log | head
+fi
+if [ "${SANITIZE:-0}" = 1 ]; then  # memcheck of the GEMV and the engine's graph steps; the attention tests (combine)
+  (timeout 120 compute-sanitizer --tool memcheck $B/tests/ops/fp4kv_ops_gpu_tests --gtest_filter='GemmGpu.Gemv*:GemmGpu.Tuned*:OpsGpu.*' \
+    2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tail -3)
+  (timeout 200 compute-sanitizer --tool memcheck $B/tests/engine/fp4kv_engine_gpu_tests \
+    --gtest_filter='*GraphReplay*:*Batched*:*OneRequest*:*DecodeStepsContinue*' 2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tail -3)
+  (timeout 200 $B/tests/attention/fp4kv_attention_tests > /tmp/ab-logs/attention_tests.log 2>&1); echo "attention tests rc=$?"
+  tail -1 /tmp/ab-logs/attention_tests.log
+fi
+GEMM_ARGS="bench gemm --model qwen3-4b:random --batches ${GEMM_BATCHES:-1,4,8}"
+STEP_ARGS="bench step --model qwen3-4b:random --presets ${STEP_PRESETS:-bf16,nvfp4} --contexts ${STEP_CONTEXTS:-4096,32768} --batches ${STEP_BATCHES:-1,8} --runs 20"
+for rep in $(seq 1 "$REPS"); do
+  for side in base new; do
+    timeout 150 /tmp/ab-build-$side/bin/fp4kv $GEMM_ARGS --json /tmp/ab-logs/gemm_${side}_$rep.json > /tmp/ab-logs/gemm_${side}_$rep.log 2>&1
+    echo "gemm $side $rep rc=$?"
+    timeout 200 /tmp/ab-build-$side/bin/fp4kv $STEP_ARGS --json /tmp/ab-logs/step_${side}_$rep.json > /tmp/ab-logs/step_${side}_$rep.log 2>&1
+    echo "step $side $rep rc=$?"
+  done
+done
+python3 bench/compare_step.py /tmp/ab-logs "$REPS" > "$OUT"/step_ab.md; cat "$OUT"/step_ab.md
+tar -C /tmp -czf "$OUT"/step_ab_logs.tgz ab-logs
