@@ -1,16 +1,16 @@
 #!/bin/bash
 # A/B of the engine's decode step in one device call, both trees built on the device (no
 # cpp-httplib there: the CLI without `serve`, enough for the benchmarks). The new tree is this
-# checkout; the base is it with PATCH reversed (PATCH=ab.patch, from `git diff BASE > ab.patch`
-# here; an untracked file travels with the tree). Then: the ops and engine GPU tests of the new
+# checkout; the base is it with PATCH reversed (PATCH=.devbin/ab.patch, from `git diff BASE >
+# .devbin/ab.patch` here; carry .devbin). Then: the ops and engine GPU tests of the new
 # build (TESTS=0 skips; SANITIZE=1 adds memcheck and the attention tests), `fp4kv bench gemm` at batch 1-8 and `fp4kv bench step` alternated
 # base/new REPS times (default 3), and bench/compare_step.py's median ratios. To $OUT:
 # step_ab.md, step_ab_logs.tgz.
-#   PATCH=ab.patch REPS=3 bash bench/device_step_ab.sh
+#   REPS=3 [TPOT_CONTEXTS=262144] bash bench/device_step_ab.sh
 set -o pipefail
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 NEW=$PWD; BASE=/tmp/ab-base-src; REPS=${REPS:-3}
-rm -rf $BASE && cp -r "$NEW" $BASE && (cd $BASE && patch -s -R -p1 < "$NEW/${PATCH:-ab.patch}") || exit 1
+rm -rf $BASE && cp -r "$NEW" $BASE && (cd $BASE && patch -s -R -p1 < "$NEW/${PATCH:-.devbin/ab.patch}") || exit 1
 TARGETS="fp4kv fp4kv_ops_gpu_tests fp4kv_engine_gpu_tests fp4kv_attention_tests"
 for side in new base; do
   SRC=$([ $side = new ] && echo "$NEW" || echo $BASE)
@@ -45,5 +45,12 @@ for rep in $(seq 1 "$REPS"); do
     echo "step $side $rep rc=$?"
   done
 done
+if [ -n "$TPOT_CONTEXTS" ]; then  # bench e2e's TPOT (bf16 and nvfp4, batch 1), once per side
+  for side in base new; do
+    timeout 240 /tmp/ab-build-$side/bin/fp4kv bench e2e --model qwen3-4b:random --parts tpot --presets bf16,nvfp4 \
+      --tpot-contexts "$TPOT_CONTEXTS" --tpot-batches 1 --json /tmp/ab-logs/tpot_$side.json > /tmp/ab-logs/tpot_$side.log 2>&1
+    echo "tpot $side rc=$?"; grep -E "^\| (bf16|nvfp4) " /tmp/ab-logs/tpot_$side.log
+  done
+fi
 python3 bench/compare_step.py /tmp/ab-logs "$REPS" > "$OUT"/step_ab.md; cat "$OUT"/step_ab.md
 tar -C /tmp -czf "$OUT"/step_ab_logs.tgz ab-logs

@@ -18,6 +18,7 @@
 
 #include "fp4kv/attention/prefill.h"
 #include "fp4kv/cache/kv_cache.h"
+#include "fp4kv/core/error.h"
 #include "fp4kv/core/output_file.h"
 #include "fp4kv/core/recipe.h"
 #include "fp4kv/testing/bench_support.h"
@@ -33,7 +34,7 @@ namespace {
 using testing::DeviceBuffer;
 
 struct PrefillBenchArgs {
-  std::string presets = "bf16,nvfp4", contexts = "4096,32768", cta_rows = "64,128";
+  std::string presets = "bf16,nvfp4", contexts = "4096,32768", cta_rows = "64,128", mma = "sync,warpgroup";
   int q_heads = 32, kv_heads = 8, head_dim = 128, chunk = 2048, runs = 10;
   int prefix_window = 16384;
   std::string json = "bench_prefill.json", markdown = "bench_prefill.md";
@@ -57,7 +58,29 @@ void fill_prefix(cache::KvCache& cache, const int32_t* row, int n) {
   }
 }
 
-PrefillPoint measure(const PrefillBenchArgs& A, const Recipe& recipe, int context, int cta_rows) {
+// One kernel variant: the instruction and, for mma.sync, the CTA height.
+struct PrefillVariant {
+  attention::PrefillMma mma = attention::PrefillMma::sync;
+  int cta_rows = 64;
+  std::string name() const {
+    return mma == attention::PrefillMma::warpgroup ? "wgmma" : "mma.sync " + std::to_string(cta_rows);
+  }
+};
+
+std::vector<PrefillVariant> variants_of(const PrefillBenchArgs& A) {
+  std::vector<PrefillVariant> v;
+  for (const std::string& m : split_csv(A.mma)) {
+    if (m == "warpgroup") {
+      v.push_back({attention::PrefillMma::warpgroup, attention::PrefillAttention::kWideCtaRows});
+    } else {
+      require(m == "sync", "--mma: unknown instruction '" + m + "' (sync, warpgroup)");
+      for (int rows : positive_ints(A.cta_rows, "--cta-rows")) v.push_back({attention::PrefillMma::sync, rows});
+    }
+  }
+  return v;
+}
+
+PrefillPoint measure(const PrefillBenchArgs& A, const Recipe& recipe, int context, const PrefillVariant& variant) {
   const int chunk = std::min(A.chunk, context);
   cache::KvCacheConfig cfg;
   cfg.layers = 1;
@@ -75,7 +98,8 @@ PrefillPoint measure(const PrefillBenchArgs& A, const Recipe& recipe, int contex
   pc.q_heads = A.q_heads;
   pc.max_chunk_tokens = context;
   pc.prefix_window = A.prefix_window;
-  pc.cta_rows = cta_rows;
+  pc.cta_rows = variant.cta_rows;
+  pc.mma = variant.mma;
   const attention::PrefillAttention attn(cache, pc);
   const size_t qn = size_t(context) * A.q_heads * A.head_dim, kvn = size_t(context) * A.kv_heads * A.head_dim;
   DeviceBuffer<uint16_t> q(qn), k(kvn), v(kvn), out(qn);
@@ -114,22 +138,23 @@ int run_bench_prefill(const PrefillBenchArgs& A) {
               A.q_heads, A.kv_heads, A.head_dim, A.chunk);
   nlohmann::json j = {{"device", prop.name}, {"q_heads", A.q_heads}, {"kv_heads", A.kv_heads},
                       {"head_dim", A.head_dim}, {"chunk", A.chunk}};
-  std::string md = "| preset | CTA rows | context | from scratch ms | TFLOP/s | last chunk after the prefix ms | TFLOP/s |\n"
+  std::string md = "| preset | kernel | context | from scratch ms | TFLOP/s | last chunk after the prefix ms | TFLOP/s |\n"
                    "|---|---|---|---|---|---|---|\n";
   for (const std::string& preset : split_csv(A.presets)) {
     const Recipe recipe = parse_recipe(preset);
-    for (int rows : positive_ints(A.cta_rows, "--cta-rows"))
+    for (const PrefillVariant& variant : variants_of(A))
       for (int context : positive_ints(A.contexts, "--contexts")) {
-        const PrefillPoint p = measure(A, recipe, context, rows);
-        std::printf("%-14s %3d rows %7d tokens: from scratch %8.3f ms (%6.1f TFLOP/s); last %d after the prefix "
+        const PrefillPoint p = measure(A, recipe, context, variant);
+        const std::string kernel = variant.name();
+        std::printf("%-14s %-12s %7d tokens: from scratch %8.3f ms (%6.1f TFLOP/s); last %d after the prefix "
                     "%8.3f ms (%6.1f TFLOP/s)\n",
-                    preset.c_str(), rows, context, p.scratch_ms, p.scratch_tflops, std::min(A.chunk, context),
+                    preset.c_str(), kernel.c_str(), context, p.scratch_ms, p.scratch_tflops, std::min(A.chunk, context),
                     p.chunk_ms, p.chunk_tflops);
         char line[256];
-        std::snprintf(line, sizeof line, "| %s | %d | %d | %.3f | %.1f | %.3f | %.1f |\n", preset.c_str(), rows,
-                      context, p.scratch_ms, p.scratch_tflops, p.chunk_ms, p.chunk_tflops);
+        std::snprintf(line, sizeof line, "| %s | %s | %d | %.3f | %.1f | %.3f | %.1f |\n", preset.c_str(),
+                      kernel.c_str(), context, p.scratch_ms, p.scratch_tflops, p.chunk_ms, p.chunk_tflops);
         md += line;
-        j["points"].push_back({{"preset", preset}, {"cta_rows", rows}, {"context", context},
+        j["points"].push_back({{"preset", preset}, {"kernel", kernel}, {"cta_rows", variant.cta_rows}, {"context", context},
                                {"scratch_ms", p.scratch_ms}, {"scratch_tflops", p.scratch_tflops},
                                {"chunk_ms", p.chunk_ms}, {"chunk_tflops", p.chunk_tflops}});
         std::fflush(stdout);
@@ -149,7 +174,9 @@ Action add_bench_prefill(CLI::App& bench) {
   cmd->add_option("--q-heads", a->q_heads, "query heads")->capture_default_str()->check(CLI::Range(1, 1024));
   cmd->add_option("--kv-heads", a->kv_heads, "KV heads")->capture_default_str()->check(CLI::Range(1, 1024));
   cmd->add_option("--head-dim", a->head_dim, "head dimension (64 or 128)")->capture_default_str();
-  cmd->add_option("--cta-rows", a->cta_rows, "query rows per CTA of the kernel (64, 128), comma-separated")
+  cmd->add_option("--cta-rows", a->cta_rows, "query rows per CTA of the mma.sync kernel (64, 128), comma-separated")
+      ->capture_default_str();
+  cmd->add_option("--mma", a->mma, "tensor-core instruction: sync (mma.sync), warpgroup (wgmma, head_dim 128), comma-separated")
       ->capture_default_str();
   cmd->add_option("--chunk", a->chunk, "the chunk timed after a prefix (tokens)")
       ->capture_default_str()

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "fp4kv/attention/prefill_flash.cuh"
+#include "fp4kv/attention/prefill_wgmma.cuh"
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/cache/warp_hadamard.cuh"
 #include "fp4kv/core/block_quant.h"
@@ -186,6 +187,21 @@ void launch_flash(const FlashArgs& a, cudaStream_t stream) {
   prefill_flash_kernel<D, M><<<grid, kFlashThreads, Shape::kSmemBytes, stream>>>(a);
 }
 
+template <int D>
+void launch_wgmma(const FlashArgs& a, cudaStream_t stream) {
+  using Shape = WgmmaShape<D, kWgmmaGroups>;
+  const dim3 grid((a.T + Shape::kRows - 1) / Shape::kRows, a.q_heads);
+  prefill_wgmma_kernel<D, kWgmmaGroups><<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
+}
+
+template <int D>
+void configure_wgmma() {
+  cache::cuda_check(cudaFuncSetAttribute(prefill_wgmma_kernel<D, kWgmmaGroups>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         WgmmaShape<D, kWgmmaGroups>::kSmemBytes),
+                    "PrefillAttention: cudaFuncSetAttribute");
+}
+
 template <int D, int M>
 void configure_flash() {
   cache::cuda_check(cudaFuncSetAttribute(prefill_flash_kernel<D, M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -267,6 +283,7 @@ PrefillAttention::PrefillAttention(const cache::KvCache& cache, const PrefillCon
   key_mask_ = static_cast<uint32_t*>(parts[8]);
   const bool wide = config.cta_rows == kWideCtaRows;
   if (d == 64) wide ? detail::configure_flash<64, 2>() : detail::configure_flash<64, 1>();
+  else if (config.mma == PrefillMma::warpgroup) detail::configure_wgmma<128>();
   else wide ? detail::configure_flash<128, 2>() : detail::configure_flash<128, 1>();
 }
 
@@ -274,10 +291,12 @@ PrefillAttention::~PrefillAttention() { cudaFree(workspace_); }
 
 namespace {
 
-// The variant of the head size and CTA height (64 rows: one m-tile per warp; 128: two).
-void launch_flash_for(int d, int cta_rows, const detail::FlashArgs& a, cudaStream_t stream) {
-  const bool wide = cta_rows == PrefillAttention::kWideCtaRows;
+// The variant of the head size, instruction and CTA height (mma.sync with 64 rows: one m-tile
+// per warp; 128: two).
+void launch_flash_for(int d, const PrefillConfig& config, const detail::FlashArgs& a, cudaStream_t stream) {
+  const bool wide = config.cta_rows == PrefillAttention::kWideCtaRows;
   if (d == 64) wide ? detail::launch_flash<64, 2>(a, stream) : detail::launch_flash<64, 1>(a, stream);
+  else if (config.mma == PrefillMma::warpgroup) detail::launch_wgmma<128>(a, stream);
   else wide ? detail::launch_flash<128, 2>(a, stream) : detail::launch_flash<128, 1>(a, stream);
 }
 
@@ -366,7 +385,7 @@ void PrefillAttention::attend_prefix(int layer, const int32_t* block_row, int st
     fa.n_keys = ga.rows;
     fa.state_o = w > 0 ? state_o_ : nullptr;  // each thread rewrites only what it read: in place
     fa.state_lse = w > 0 ? state_lse_ : nullptr;
-    launch_flash_for(d, config_.cta_rows, fa, stream);
+    launch_flash_for(d, config_, fa, stream);
   }
 }
 
@@ -402,7 +421,7 @@ void PrefillAttention::run(int layer, const int32_t* block_row, int start, int T
   fa.state_lse = start > 0 ? state_lse_ : nullptr;
   fa.out = out;
   fa.out_lse = lse;
-  launch_flash_for(d, config_.cta_rows, fa, stream);
+  launch_flash_for(d, config_, fa, stream);
   cache::cuda_check(cudaGetLastError(), "PrefillAttention::run: launch");
 }
 

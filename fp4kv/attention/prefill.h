@@ -28,6 +28,12 @@ namespace detail {
 struct FlashArgs;  // prefill_flash.cuh
 }
 
+// The tensor-core instruction of the attention passes: mma.sync (head_dim 64 and 128, cta_rows
+// 64 or 128) or Hopper's warpgroup MMA (head_dim 128: two warpgroups of 64 rows per CTA,
+// cta_rows not used; head_dim 64 runs mma.sync). Both compute the same softmax with FP32
+// accumulation; they may differ in the order of the FP32 sums.
+enum class PrefillMma { sync, warpgroup };
+
 struct PrefillConfig {
   int q_heads = 0;
   int max_chunk_tokens = 2048;  // T of one run
@@ -35,6 +41,7 @@ struct PrefillConfig {
   // Query rows per CTA of the attention kernel: 64 (16 per warp) or 128 (32 per warp: half
   // the shared-memory reads per MMA, more registers); a speed choice, the same numbers.
   int cta_rows = 64;
+  PrefillMma mma = PrefillMma::warpgroup;
 };
 
 class PrefillAttention {

@@ -45,13 +45,14 @@ struct PrefillCase {
   int window = 16384;
   int kv_heads = 2, G = 4;
   int cta_rows = 64;
+  bool wgmma = false;  // PrefillMma::warpgroup
 };
 
 std::string case_name(const ::testing::TestParamInfo<PrefillCase>& info) {
   const PrefillCase& c = info.param;
   std::string name = c.recipe + "_d" + std::to_string(c.d) + "_s" + std::to_string(c.start) + "_T" +
                      std::to_string(c.T) + (c.window < 16384 ? "_w" + std::to_string(c.window) : "") +
-                     (c.cta_rows != 64 ? "_rows" + std::to_string(c.cta_rows) : "");
+                     (c.cta_rows != 64 ? "_rows" + std::to_string(c.cta_rows) : "") + (c.wgmma ? "_wgmma" : "");
   for (char& ch : name)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return name;
@@ -116,6 +117,7 @@ TEST_P(Prefill, MatchesTheReference) {
   pc.max_chunk_tokens = c.T;
   pc.prefix_window = c.window;
   pc.cta_rows = c.cta_rows;
+  pc.mma = c.wgmma ? attention::PrefillMma::warpgroup : attention::PrefillMma::sync;
   attention::PrefillAttention attn(cache, pc);
   DeviceBuffer<uint16_t> dq(bf16(q));
   DeviceBuffer<uint16_t> dk(bf16(std::vector<float>(k.begin() + size_t(c.start) * H * d, k.end())));
@@ -184,6 +186,14 @@ std::vector<PrefillCase> cases() {
   v.push_back(PrefillCase{"nvfp4", 128, 0, 130, 16384, 2, 4, 128});
   v.push_back(PrefillCase{"nvfp4", 128, 700, 65, 256, 2, 4, 128});
   v.push_back(PrefillCase{"mxfp4", 64, 129, 77, 16384, 2, 4, 128});
+  // Warpgroup MMA (head_dim 128; head_dim 64 falls back to mma.sync): every format from scratch
+  // and after a prefix, one and several CTAs, several windows, a group of 8.
+  const int wgmma_shapes[][2] = {{0, 1}, {0, 77}, {0, 300}, {1, 1}, {129, 77}, {300, 200}, {700, 3}};
+  for (const char* r : {"bf16", "fp8", "nvfp4", "nvfp4-native", "mxfp4", "mxfp4-native"})
+    for (const auto& s : wgmma_shapes) v.push_back(PrefillCase{r, 128, s[0], s[1], 16384, 2, 4, 64, true});
+  v.push_back(PrefillCase{"nvfp4", 128, 700, 65, 256, 2, 4, 64, true});
+  v.push_back(PrefillCase{"nvfp4", 128, 40, 30, 16384, 1, 8, 64, true});
+  v.push_back(PrefillCase{"mxfp4", 64, 129, 77, 16384, 2, 4, 64, true});
   return v;
 }
 
