@@ -3,15 +3,15 @@
 # cpp-httplib there: the CLI without `serve`, enough for the benchmarks). The new tree is this
 # checkout; the base is it with PATCH reversed (PATCH=.devbin/ab.patch, from `git diff BASE >
 # .devbin/ab.patch` here; carry .devbin). Then: the ops and engine GPU tests of the new
-# build (TESTS=0 skips; SANITIZE=1 adds memcheck and the attention tests), `fp4kv bench gemm` at batch 1-8 and `fp4kv bench step` alternated
+# build (TESTS=0 skips; SANITIZE=1 adds memcheck; ATTENTION=1 the decode attention tests), `fp4kv bench gemm` at batch 1-8 and `fp4kv bench step` alternated
 # base/new REPS times (default 3), and bench/compare_step.py's median ratios. To $OUT:
 # step_ab.md, step_ab_logs.tgz.
-#   REPS=3 [TPOT_CONTEXTS=262144] bash bench/device_step_ab.sh
+#   REPS=3 [TPOT_CONTEXTS=262144] [GENERATE=1] bash bench/device_step_ab.sh
 set -o pipefail
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 NEW=$PWD; BASE=/tmp/ab-base-src; REPS=${REPS:-3}
 rm -rf $BASE && cp -r "$NEW" $BASE && (cd $BASE && patch -s -R -p1 < "$NEW/${PATCH:-.devbin/ab.patch}") || exit 1
-TARGETS="fp4kv fp4kv_ops_gpu_tests fp4kv_engine_gpu_tests fp4kv_attention_tests"
+TARGETS="fp4kv fp4kv_ops_gpu_tests fp4kv_engine_gpu_tests fp4kv_attention_tests fp4kv_attention_prefill_tests"
 for side in new base; do
   SRC=$([ $side = new ] && echo "$NEW" || echo $BASE)
   (cmake -S "$SRC" -B /tmp/ab-build-$side -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4KV_PTXAS_VERBOSE=ON > /tmp/cfg-$side.log 2>&1 \
@@ -26,12 +26,16 @@ if [ "${TESTS:-1}" = 1 ]; then
   (timeout 120 $B/tests/ops/fp4kv_ops_gpu_tests > /tmp/ab-logs/ops_tests.log 2>&1); echo "ops tests rc=$?"; tail -1 /tmp/ab-logs/ops_tests.log
   (timeout 240 $B/tests/engine/fp4kv_engine_gpu_tests > /tmp/ab-logs/engine_tests.log 2>&1); echo "engine tests rc=$?"
   grep -E "^\[  (FAILED|PASSED)|Failure" /tmp/ab-logs/engine_tests.log | head
+  (timeout 200 $B/tests/attention/fp4kv_attention_prefill_tests > /tmp/ab-logs/prefill_tests.log 2>&1); echo "prefill tests rc=$?"
+  grep -E "^\[  (FAILED|PASSED)|Failure" /tmp/ab-logs/prefill_tests.log | head -5
 fi
 if [ "${SANITIZE:-0}" = 1 ]; then  # memcheck of the GEMV and the engine's graph steps; the attention tests (combine)
   (timeout 120 compute-sanitizer --tool memcheck $B/tests/ops/fp4kv_ops_gpu_tests --gtest_filter='GemmGpu.Gemv*:GemmGpu.Tuned*:OpsGpu.*' \
     2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tail -3)
   (timeout 200 compute-sanitizer --tool memcheck $B/tests/engine/fp4kv_engine_gpu_tests \
     --gtest_filter='*GraphReplay*:*Batched*:*OneRequest*:*DecodeStepsContinue*' 2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tail -3)
+fi
+if [ "${ATTENTION:-0}" = 1 ]; then  # the decode attention tests (after a change to the decode or combine kernels)
   (timeout 200 $B/tests/attention/fp4kv_attention_tests > /tmp/ab-logs/attention_tests.log 2>&1); echo "attention tests rc=$?"
   tail -1 /tmp/ab-logs/attention_tests.log
 fi
@@ -51,6 +55,12 @@ if [ -n "$TPOT_CONTEXTS" ]; then  # bench e2e's TPOT (bf16 and nvfp4, batch 1), 
       --tpot-contexts "$TPOT_CONTEXTS" --tpot-batches 1 --json /tmp/ab-logs/tpot_$side.json > /tmp/ab-logs/tpot_$side.log 2>&1
     echo "tpot $side rc=$?"; grep -E "^\| (bf16|nvfp4) " /tmp/ab-logs/tpot_$side.log
   done
+fi
+if [ -n "$GENERATE" ]; then  # fp4kv generate's default path (untuned plans): its time per output token, per side
+  for rep in 1 2; do for side in base new; do
+    echo "generate $side: $(timeout 120 /tmp/ab-build-$side/bin/fp4kv generate --model qwen3-4b:random --prompt 'The cat sat on the' \
+      --max-tokens 128 --seed 1 2>&1 >/dev/null | grep -iE 'per output token|tokens/s' | tr '\n' ' ')"
+  done; done
 fi
 python3 bench/compare_step.py /tmp/ab-logs "$REPS" > "$OUT"/step_ab.md; cat "$OUT"/step_ab.md
 tar -C /tmp -czf "$OUT"/step_ab_logs.tgz ab-logs

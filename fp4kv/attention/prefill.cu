@@ -281,10 +281,25 @@ PrefillAttention::PrefillAttention(const cache::KvCache& cache, const PrefillCon
   tile_k_factor_ = static_cast<float*>(parts[6]);
   tile_v_factor_ = static_cast<float*>(parts[7]);
   key_mask_ = static_cast<uint32_t*>(parts[8]);
+  int device = 0;
+  cache::cuda_check(cudaGetDevice(&device), "PrefillAttention: cudaGetDevice");
+  cache::cuda_check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device),
+                    "PrefillAttention: cudaDeviceGetAttribute");
   const bool wide = config.cta_rows == kWideCtaRows;
-  if (d == 64) wide ? detail::configure_flash<64, 2>() : detail::configure_flash<64, 1>();
-  else if (config.mma == PrefillMma::warpgroup) detail::configure_wgmma<128>();
-  else wide ? detail::configure_flash<128, 2>() : detail::configure_flash<128, 1>();
+  if (d == 64) {
+    wide ? detail::configure_flash<64, 2>() : detail::configure_flash<64, 1>();
+    return;
+  }
+  if (config.mma != PrefillMma::sync) detail::configure_wgmma<128>();
+  if (config.mma != PrefillMma::warpgroup) wide ? detail::configure_flash<128, 2>() : detail::configure_flash<128, 1>();
+}
+
+bool PrefillAttention::uses_warpgroup_mma(int T) const {
+  if (cache_.config().head_dim != 128 || config_.mma == PrefillMma::sync) return false;
+  if (config_.mma == PrefillMma::warpgroup) return true;
+  const long ctas = long((T + detail::WgmmaShape<128, detail::kWgmmaGroups>::kRows - 1) /
+                         detail::WgmmaShape<128, detail::kWgmmaGroups>::kRows) * config_.q_heads;
+  return ctas >= sm_count_;
 }
 
 PrefillAttention::~PrefillAttention() { cudaFree(workspace_); }
@@ -293,10 +308,10 @@ namespace {
 
 // The variant of the head size, instruction and CTA height (mma.sync with 64 rows: one m-tile
 // per warp; 128: two).
-void launch_flash_for(int d, const PrefillConfig& config, const detail::FlashArgs& a, cudaStream_t stream) {
-  const bool wide = config.cta_rows == PrefillAttention::kWideCtaRows;
+void launch_flash_for(int d, int cta_rows, bool warpgroup, const detail::FlashArgs& a, cudaStream_t stream) {
+  const bool wide = cta_rows == PrefillAttention::kWideCtaRows;
   if (d == 64) wide ? detail::launch_flash<64, 2>(a, stream) : detail::launch_flash<64, 1>(a, stream);
-  else if (config.mma == PrefillMma::warpgroup) detail::launch_wgmma<128>(a, stream);
+  else if (warpgroup) detail::launch_wgmma<128>(a, stream);
   else wide ? detail::launch_flash<128, 2>(a, stream) : detail::launch_flash<128, 1>(a, stream);
 }
 
@@ -385,7 +400,7 @@ void PrefillAttention::attend_prefix(int layer, const int32_t* block_row, int st
     fa.n_keys = ga.rows;
     fa.state_o = w > 0 ? state_o_ : nullptr;  // each thread rewrites only what it read: in place
     fa.state_lse = w > 0 ? state_lse_ : nullptr;
-    launch_flash_for(d, config_, fa, stream);
+    launch_flash_for(d, config_.cta_rows, uses_warpgroup_mma(T), fa, stream);
   }
 }
 
@@ -421,7 +436,7 @@ void PrefillAttention::run(int layer, const int32_t* block_row, int start, int T
   fa.state_lse = start > 0 ? state_lse_ : nullptr;
   fa.out = out;
   fa.out_lse = lse;
-  launch_flash_for(d, config_, fa, stream);
+  launch_flash_for(d, config_.cta_rows, uses_warpgroup_mma(T), fa, stream);
   cache::cuda_check(cudaGetLastError(), "PrefillAttention::run: launch");
 }
 

@@ -18,6 +18,11 @@ constexpr int kChunk = kBf16PerLoad;
 constexpr int kLoadsInFlight = 8;                       // W loads a lane issues before it uses any: 4 KiB per warp
 constexpr int kChunksPerPass = 32 * kLoadsInFlight;     // 16-byte chunks a warp has in flight
 constexpr int kMaxSlices = kWarps;
+// The most chunks a slice may hold: 5 loads per lane. Measured on the H200 (bench gemm,
+// Qwen3-4B shapes at batch 1, slices forced to 1/2/4/8): each shape was fastest with the
+// fewest slices of at most 5 loads per lane (QKV and gate/up 2, O 4, down 8); fuller slices
+// (8 loads) or more warps with less each were slower.
+constexpr int kSliceChunks = 32 * 5;
 
 // acc[m] += <W chunk, X[m] chunk> for every row m of X; xc points at row 0's chunk, row m's is
 // `chunks` further per row.
@@ -46,12 +51,12 @@ __device__ __forceinline__ void load_w(const uint4* __restrict__ wp, int left, u
 
 // A CTA owns kWarps / slices consecutive rows of W; each row is cut into `slices` equal
 // k-slices of whole 16-byte chunks, one warp each, and a lane owns the chunks lane,
-// lane + 32, ... of its slice. The host picks the fewest slices that put a slice in one
-// pass of kLoadsInFlight loads per lane (gemv_slices), so at the decode step's shapes every
-// weight load of the kernel is issued at once, before waiting for X, and the 2560-row
-// matrices run as 640 CTAs of 4 rows instead of 320 of 8 (which left a third of the SMs a
-// CTA short). Sums: per lane in k order, a butterfly over the warp, then the row's slices in
-// slice order through shared memory: a fixed order. Launched as a programmatic dependent of
+// lane + 32, ... of its slice. The host picks the fewest slices of at most kSliceChunks
+// (gemv_slices), so at the decode step's shapes every weight load of the kernel is issued at
+// once, before waiting for X, and the 2560-row matrices run as 1280 or 2560 small CTAs
+// instead of 320 of 8 rows (which left a third of the SMs a CTA short). Sums: per lane in k
+// order, a butterfly over the warp, then the row's slices in slice order through shared
+// memory: a fixed order. Launched as a programmatic dependent of
 // the op that writes X: the first pass's W loads are issued before waiting for it (W depends
 // on nothing), X is read and Y written only after.
 template <int M, bool F32Out>
@@ -121,7 +126,7 @@ void launch_rows(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f
 int gemv_slices(int k) {
   const int chunks = k / kChunk;
   int slices = 1;
-  while (slices < kMaxSlices && (chunks + slices - 1) / slices > kChunksPerPass) slices *= 2;
+  while (slices < kMaxSlices && (chunks + slices - 1) / slices > kSliceChunks) slices *= 2;
   return slices;
 }
 

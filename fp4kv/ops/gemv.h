@@ -23,8 +23,8 @@ inline constexpr int kGemvMaxRows = 8;
 inline constexpr int kGemvKMultiple = 8;  // one 16-byte load of BF16
 
 bool gemv_supports(int m, int k);
-// Warps per row of W: the fewest (1, 2, 4 or 8) that put a warp's slice in one pass of its
-// loads in flight (k <= 2048: 1; the Qwen3 shapes 2560..9728: 2..8).
+// Warps per row of W: the fewest (1, 2, 4 or 8) that leave a warp at most 160 16-byte chunks
+// (k <= 1280: 1; the Qwen3-4B shapes: 2 for k = 2560, 4 for 4096, 8 for 9728).
 int gemv_slices(int k);
 // y is __nv_bfloat16* or float* as `f32_out` says.
 void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f32_out, int m, int n, int k,

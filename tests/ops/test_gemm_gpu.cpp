@@ -81,15 +81,16 @@ TEST(GemmGpu, GemvMatchesDoubleProduct) {
   SKIP_WITHOUT_GPU();
   EXPECT_FALSE(gemv_supports(9, 64));
   EXPECT_FALSE(gemv_supports(1, 12));
-  EXPECT_EQ(gemv_slices(2048), 1);  // 256 chunks: one pass of one warp
-  EXPECT_EQ(gemv_slices(2056), 2);
+  EXPECT_EQ(gemv_slices(1280), 1);  // 160 chunks: one warp
+  EXPECT_EQ(gemv_slices(1288), 2);
+  EXPECT_EQ(gemv_slices(4096), 4);
   EXPECT_EQ(gemv_slices(9728), 8);
   EXPECT_EQ(gemv_slices(1 << 20), 8);
   uint32_t seed = 101;
   for (int m = 1; m <= kGemvMaxRows; ++m) {
     for (const GemmShape s : {GemmShape{m, 13, 8, GemmOutput::bf16}, GemmShape{m, 37, 264, GemmOutput::f32},
                               GemmShape{m, 6144, 2560, GemmOutput::bf16}, GemmShape{m, 2560, 9728, GemmOutput::bf16},
-                              // k-slices per row: 2 with a last CTA of 1 row of 4, 8 with two passes each
+                              // k-slices per row: 4 with a last CTA of 1 row of 2, 8 with two passes of loads each
                               GemmShape{m, 37, 4096, GemmOutput::f32}, GemmShape{m, 5, 17000, GemmOutput::bf16}}) {
       check_gemm(s, seed, Runner::gemv);
       seed += 2;
