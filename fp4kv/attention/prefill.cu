@@ -297,9 +297,8 @@ PrefillAttention::PrefillAttention(const cache::KvCache& cache, const PrefillCon
 bool PrefillAttention::uses_warpgroup_mma(int T) const {
   if (cache_.config().head_dim != 128 || config_.mma == PrefillMma::sync) return false;
   if (config_.mma == PrefillMma::warpgroup) return true;
-  const long ctas = long((T + detail::WgmmaShape<128, detail::kWgmmaGroups>::kRows - 1) /
-                         detail::WgmmaShape<128, detail::kWgmmaGroups>::kRows) * config_.q_heads;
-  return ctas >= sm_count_;
+  constexpr int kRows = detail::WgmmaShape<128, detail::kWgmmaGroups>::kRows;
+  return long((T + kRows - 1) / kRows) * config_.q_heads >= sm_count_;
 }
 
 PrefillAttention::~PrefillAttention() { cudaFree(workspace_); }

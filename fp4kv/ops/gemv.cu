@@ -15,8 +15,8 @@ namespace {
 
 constexpr int kWarps = 8;  // warps per CTA: kWarps / slices rows, each in `slices` k-slices
 constexpr int kChunk = kBf16PerLoad;
-constexpr int kLoadsInFlight = 8;                       // W loads a lane issues before it uses any: 4 KiB per warp
-constexpr int kChunksPerPass = 32 * kLoadsInFlight;     // 16-byte chunks a warp has in flight
+constexpr int kLoadsInFlight = 8;                    // W loads a lane issues before it uses any: 4 KiB per warp
+constexpr int kChunksPerPass = 32 * kLoadsInFlight;  // 16-byte chunks a warp has in flight
 constexpr int kMaxSlices = kWarps;
 // The most chunks a slice may hold: 5 loads per lane. Measured on the H200 (bench gemm,
 // Qwen3-4B shapes at batch 1, slices forced to 1/2/4/8): each shape was fastest with the
@@ -56,9 +56,9 @@ __device__ __forceinline__ void load_w(const uint4* __restrict__ wp, int left, u
 // once, before waiting for X, and the 2560-row matrices run as 1280 or 2560 small CTAs
 // instead of 320 of 8 rows (which left a third of the SMs a CTA short). Sums: per lane in k
 // order, a butterfly over the warp, then the row's slices in slice order through shared
-// memory: a fixed order. Launched as a programmatic dependent of
-// the op that writes X: the first pass's W loads are issued before waiting for it (W depends
-// on nothing), X is read and Y written only after.
+// memory: a fixed order. Launched as a programmatic dependent of the op that writes X: the
+// first pass's W loads are issued before waiting for it (W depends on nothing), X is read and
+// Y written only after.
 template <int M, bool F32Out>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int n,
