@@ -29,7 +29,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   (timeout 200 $B/tests/attention/fp4kv_attention_prefill_tests > /tmp/ab-logs/prefill_tests.log 2>&1); echo "prefill tests rc=$?"
   grep -E "^\[  (FAILED|PASSED)|Failure" /tmp/ab-logs/prefill_tests.log | head -5
 fi
-if [ "${SANITIZE:-0}" = 1 ]; then  # memcheck of the GEMV and the engine's graph steps; the attention tests (combine)
+if [ "${SANITIZE:-0}" = 1 ]; then  # memcheck of the GEMV, the norms and the engine's graph steps
   (timeout 120 compute-sanitizer --tool memcheck $B/tests/ops/fp4kv_ops_gpu_tests --gtest_filter='GemmGpu.Gemv*:GemmGpu.Tuned*:OpsGpu.*' \
     2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tail -3)
   (timeout 200 compute-sanitizer --tool memcheck $B/tests/engine/fp4kv_engine_gpu_tests \

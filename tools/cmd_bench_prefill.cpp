@@ -71,7 +71,11 @@ std::vector<PrefillVariant> variants_of(const PrefillBenchArgs& A) {
   std::vector<PrefillVariant> v;
   for (const std::string& m : split_csv(A.mma)) {
     if (m == "warpgroup") {
-      v.push_back({attention::PrefillMma::warpgroup, attention::PrefillAttention::kWideCtaRows});
+      if (A.head_dim == attention::PrefillAttention::kWarpgroupHeadDim)
+        v.push_back({attention::PrefillMma::warpgroup, attention::PrefillAttention::kWideCtaRows});
+      else  // the wgmma kernel would fall back to mma.sync: no row under its name
+        std::printf("--mma warpgroup: head_dim %d runs mma.sync (wgmma needs %d); not measured\n", A.head_dim,
+                    attention::PrefillAttention::kWarpgroupHeadDim);
     } else {
       require(m == "sync", "--mma: unknown instruction '" + m + "' (sync, warpgroup)");
       for (int rows : positive_ints(A.cta_rows, "--cta-rows")) v.push_back({attention::PrefillMma::sync, rows});

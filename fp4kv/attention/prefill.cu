@@ -189,16 +189,16 @@ void launch_flash(const FlashArgs& a, cudaStream_t stream) {
 
 template <int D>
 void launch_wgmma(const FlashArgs& a, cudaStream_t stream) {
-  using Shape = WgmmaShape<D, kWgmmaGroups>;
+  using Shape = WgmmaShape<D>;
   const dim3 grid((a.T + Shape::kRows - 1) / Shape::kRows, a.q_heads);
-  prefill_wgmma_kernel<D, kWgmmaGroups><<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
+  prefill_wgmma_kernel<D><<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
 }
 
 template <int D>
 void configure_wgmma() {
-  cache::cuda_check(cudaFuncSetAttribute(prefill_wgmma_kernel<D, kWgmmaGroups>,
+  cache::cuda_check(cudaFuncSetAttribute(prefill_wgmma_kernel<D>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         WgmmaShape<D, kWgmmaGroups>::kSmemBytes),
+                                         WgmmaShape<D>::kSmemBytes),
                     "PrefillAttention: cudaFuncSetAttribute");
 }
 
@@ -295,9 +295,9 @@ PrefillAttention::PrefillAttention(const cache::KvCache& cache, const PrefillCon
 }
 
 bool PrefillAttention::uses_warpgroup_mma(int T) const {
-  if (cache_.config().head_dim != 128 || config_.mma == PrefillMma::sync) return false;
+  if (cache_.config().head_dim != kWarpgroupHeadDim || config_.mma == PrefillMma::sync) return false;
   if (config_.mma == PrefillMma::warpgroup) return true;
-  constexpr int kRows = detail::WgmmaShape<128, detail::kWgmmaGroups>::kRows;
+  constexpr int kRows = detail::WgmmaShape<kWarpgroupHeadDim>::kRows;
   return long((T + kRows - 1) / kRows) * config_.q_heads >= sm_count_;
 }
 

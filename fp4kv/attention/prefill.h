@@ -52,6 +52,7 @@ class PrefillAttention {
   // kv_heads) and allocates the workspace. Throws fp4kv::Error naming the bad value.
   PrefillAttention(const cache::KvCache& cache, const PrefillConfig& config);
   static constexpr int kNarrowCtaRows = 64, kWideCtaRows = 128;
+  static constexpr int kWarpgroupHeadDim = 128;  // the head size the wgmma kernel takes
   // Whether the prefill kernel has a variant for this head size (64, 128).
   static bool supports_head_dim(int head_dim) { return head_dim == 64 || head_dim == 128; }
   ~PrefillAttention();

@@ -22,32 +22,31 @@ inline constexpr int kWgmmaGroupRows = 64;  // query rows of one warpgroup
 inline constexpr int kWgmmaGroups = 3;      // warpgroups per CTA (the fastest of 2 and 3 on the H200)
 inline constexpr int kWgmmaStages = 3;      // K/V buffers
 
-// G warpgroups per CTA share each K/V tile.
-template <int D, int G>
+// kWgmmaGroups warpgroups per CTA share each K/V tile.
+template <int D>
 struct WgmmaShape {
   static_assert(D == 128, "prefill attention on wgmma: head_dim 128");
-  static constexpr int kThreads = G * 128;
-  static constexpr int kRows = G * kWgmmaGroupRows;  // query rows per CTA
-  static constexpr int kChunks = D / 8;                               // 16-byte chunks per row
-  static constexpr int kGroupQBytes = kWgmmaGroupRows * D * 2;       // one warpgroup's Q tile
-  static constexpr int kKvBytes = kFlashKeys * D * 2;                 // one K or V tile
+  static constexpr int kThreads = kWgmmaGroups * 128;
+  static constexpr int kRows = kWgmmaGroups * kWgmmaGroupRows;  // query rows per CTA
+  static constexpr int kChunks = D / 8;                          // 16-byte chunks per row
+  static constexpr int kGroupQBytes = kWgmmaGroupRows * D * 2;  // one warpgroup's Q tile
+  static constexpr int kKvBytes = kFlashKeys * D * 2;            // one K or V tile
   // Q, then (K, V) x stages, plus the slack that aligns the base to a swizzle atom.
-  static constexpr int kSmemBytes = G * kGroupQBytes + 2 * kWgmmaStages * kKvBytes + kSw128AtomBytes;
+  static constexpr int kSmemBytes = kWgmmaGroups * kGroupQBytes + 2 * kWgmmaStages * kKvBytes + kSw128AtomBytes;
   static_assert(kGroupQBytes % kSw128AtomBytes == 0 && kKvBytes % kSw128AtomBytes == 0, "atom-aligned tiles");
 };
 
 // Async copy of rows [row0, row0 + n) (n a multiple of 64) of a row-major BF16 matrix into
-// 64-row swizzled tiles placed `block_bytes` apart; rows at or past `rows` are zero-filled.
-template <int D, int G>
+// consecutive 64-row swizzled tiles; rows at or past `rows` are zero-filled.
+template <int D>
 __device__ __forceinline__ void load_sw128_async(uint32_t tile, const uint16_t* base, long row_stride, int row0, int n,
                                                  int rows) {
-  using Shape = WgmmaShape<D, G>;
-  constexpr int kBlockBytes = kWgmmaGroupRows * D * 2;
+  using Shape = WgmmaShape<D>;
   for (int i = threadIdx.x; i < n * Shape::kChunks; i += Shape::kThreads) {
     const int r = i / Shape::kChunks, c = i % Shape::kChunks;
     const bool ok = row0 + r < rows;
     const uint16_t* src = ok ? base + long(row0 + r) * row_stride + c * 8 : base;
-    const uint32_t dst = tile + uint32_t((r / kWgmmaGroupRows) * kBlockBytes) +
+    const uint32_t dst = tile + uint32_t((r / kWgmmaGroupRows) * Shape::kGroupQBytes) +
                          sw128_offset(kWgmmaGroupRows, r % kWgmmaGroupRows, c);
     cp_async16(dst, src, ok ? 16 : 0);
   }
@@ -61,23 +60,23 @@ __device__ __forceinline__ void publish_tiles(bool all) {
   __syncthreads();
 }
 
-// Issues S = Q K^T for the warpgroup's 64 rows and the tile's 64 keys (one commit group; the
-// caller waits).
+// S = Q K^T for the warpgroup's 64 rows and the tile's 64 keys.
 template <int D>
-__device__ __forceinline__ void issue_scores(uint32_t q_tile, uint32_t k_tile, float (&s)[8][4]) {
+__device__ __forceinline__ void tile_scores_wgmma(uint32_t q_tile, uint32_t k_tile, float (&s)[8][4]) {
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks)
     wgmma_m64n64k16_ss(s, kmajor_descriptor(q_tile, kWgmmaGroupRows, ks), kmajor_descriptor(k_tile, kFlashKeys, ks),
                        ks > 0);
   wgmma_commit();
+  wgmma_wait<0>();
 }
 
-// Issues O += P V: P from the score registers (two n-tiles of 8 keys form one k16 A fragment),
-// one commit group; pa must live until the group completes.
+// O += P V: P from the score registers packed into pa (two n-tiles of 8 keys form one k16 A
+// fragment; the MMAs read pa until the wait).
 template <int D>
-__device__ __forceinline__ void issue_pv(const float (&p)[8][4], uint32_t v_tile, uint32_t (&pa)[4][4],
-                                         float (&o)[D / 8][4]) {
+__device__ __forceinline__ void tile_pv_wgmma(const float (&p)[8][4], uint32_t v_tile, uint32_t (&pa)[4][4],
+                                              float (&o)[D / 8][4]) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     pa[kk][0] = pack_bf16x2(p[2 * kk][0], p[2 * kk][1]);
@@ -89,14 +88,15 @@ __device__ __forceinline__ void issue_pv(const float (&p)[8][4], uint32_t v_tile
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k16_rs_nmajor(o, pa[kk], nmajor_descriptor(v_tile, kFlashKeys, kk));
   wgmma_commit();
+  wgmma_wait<0>();
 }
 
 // The pipeline: K/V tiles in kWgmmaStages buffers, two tiles in flight while one is computed;
 // one barrier per tile (after it, every warpgroup is past the previous tile, whose buffer the
 // copies of tile i + 2 then overwrite).
-template <int D, int G>
-__global__ void __launch_bounds__(G * 128, 1) prefill_wgmma_kernel(const FlashArgs a) {
-  using Shape = WgmmaShape<D, G>;
+template <int D>
+__global__ void __launch_bounds__(WgmmaShape<D>::kThreads, 1) prefill_wgmma_kernel(const FlashArgs a) {
+  using Shape = WgmmaShape<D>;
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = warp / 4;
   // Causal CTAs with the most keys first (the last row blocks), so the grid's tail is short.
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(G * 128, 1) prefill_wgmma_kernel(const FlashAr
   const int h = blockIdx.y, g = h / a.group;
   const uint32_t q_tiles = (smem_u32(smem) + (kSw128AtomBytes - 1)) & ~uint32_t(kSw128AtomBytes - 1);
   const uint32_t q_tile = q_tiles + uint32_t(group * Shape::kGroupQBytes);
-  const uint32_t kv_tiles = q_tiles + uint32_t(G * Shape::kGroupQBytes);
+  const uint32_t kv_tiles = q_tiles + uint32_t(kWgmmaGroups * Shape::kGroupQBytes);
   // Buffer b's K tile, then its V tile, after the Q tiles.
   auto k_tile = [kv_tiles](int b) { return kv_tiles + uint32_t(2 * b * Shape::kKvBytes); };
   auto v_tile = [kv_tiles](int b) { return kv_tiles + uint32_t((2 * b + 1) * Shape::kKvBytes); };
@@ -112,15 +112,15 @@ __global__ void __launch_bounds__(G * 128, 1) prefill_wgmma_kernel(const FlashAr
   const uint16_t* vbase = a.v + long(g) * a.kv_head_stride;
   auto load_kv = [&](int tile) {
     const int buf = tile % kWgmmaStages;
-    load_sw128_async<D, G>(k_tile(buf), kbase, a.kv_row_stride, tile * kFlashKeys, kFlashKeys, a.n_keys);
-    load_sw128_async<D, G>(v_tile(buf), vbase, a.kv_row_stride, tile * kFlashKeys, kFlashKeys, a.n_keys);
+    load_sw128_async<D>(k_tile(buf), kbase, a.kv_row_stride, tile * kFlashKeys, kFlashKeys, a.n_keys);
+    load_sw128_async<D>(v_tile(buf), vbase, a.kv_row_stride, tile * kFlashKeys, kFlashKeys, a.n_keys);
     cp_async_commit();
   };
 
   const int visible = a.causal ? min(a.n_keys, t0 + Shape::kRows) : a.n_keys;
   const int tiles = (visible + kFlashKeys - 1) / kFlashKeys;
 
-  load_sw128_async<D, G>(q_tiles, a.q + long(h) * D, a.q_row_stride, t0, Shape::kRows, a.T);
+  load_sw128_async<D>(q_tiles, a.q + long(h) * D, a.q_row_stride, t0, Shape::kRows, a.T);
   if (tiles > 0) load_kv(0);  // Q and tile 0 in one group
   else cp_async_commit();
   if (tiles > 1) load_kv(1);
@@ -146,8 +146,7 @@ __global__ void __launch_bounds__(G * 128, 1) prefill_wgmma_kernel(const FlashAr
     const TileView view = view_tile(a, g, i, warp_first_row);
     const float vf = a.tile_v_factor ? a.tile_v_factor[size_t(g) * a.tile_stride + i] : 1.0f;
     float s[1][8][4];
-    issue_scores<D>(q_tile, k_tile(buf), s[0]);
-    wgmma_wait<0>();
+    tile_scores_wgmma<D>(q_tile, k_tile(buf), s[0]);
     if (view.masked) {
       scale_and_mask<1>(a, i, view, rows, offset, s);
       const float no_bias[1][2] = {};  // the logits are finished
@@ -155,10 +154,7 @@ __global__ void __launch_bounds__(G * 128, 1) prefill_wgmma_kernel(const FlashAr
     } else {
       softmax_tile<D, 1>(st, vf, view.scale, offset, s);
     }
-    if (vf != 0.0f) {
-      issue_pv<D>(s[0], v_tile(buf), pa, st.o[0]);
-      wgmma_wait<0>();
-    }
+    if (vf != 0.0f) tile_pv_wgmma<D>(s[0], v_tile(buf), pa, st.o[0]);
   }
   cp_async_wait<0>();
   store_rows<D, 1>(a, h, rows, st);
