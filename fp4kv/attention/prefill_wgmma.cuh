@@ -26,7 +26,7 @@ inline constexpr int kWgmmaStages = 3;      // K/V buffers
 template <int D>
 struct WgmmaShape {
   static_assert(D == 128, "prefill attention on wgmma: head_dim 128");
-  static constexpr int kThreads = kWgmmaGroups * 128;
+  static constexpr int kThreads = kWgmmaGroups * kWarpgroupThreads;
   static constexpr int kRows = kWgmmaGroups * kWgmmaGroupRows;  // query rows per CTA
   static constexpr int kChunks = D / 8;                          // 16-byte chunks per row
   static constexpr int kGroupQBytes = kWgmmaGroupRows * D * 2;  // one warpgroup's Q tile
@@ -65,7 +65,7 @@ template <int D>
 __device__ __forceinline__ void tile_scores_wgmma(uint32_t q_tile, uint32_t k_tile, float (&s)[8][4]) {
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks)
+  for (int ks = 0; ks < D / kMmaK; ++ks)
     wgmma_m64n64k16_ss(s, kmajor_descriptor(q_tile, kWgmmaGroupRows, ks), kmajor_descriptor(k_tile, kFlashKeys, ks),
                        ks > 0);
   wgmma_commit();
@@ -98,7 +98,7 @@ template <int D>
 __global__ void __launch_bounds__(WgmmaShape<D>::kThreads, 1) prefill_wgmma_kernel(const FlashArgs a) {
   using Shape = WgmmaShape<D>;
   extern __shared__ __align__(128) uint8_t smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = warp / 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = threadIdx.x / kWarpgroupThreads;
   // Causal CTAs with the most keys first (the last row blocks), so the grid's tail is short.
   const int t0 = (gridDim.x - 1 - blockIdx.x) * Shape::kRows;
   const int h = blockIdx.y, g = h / a.group;

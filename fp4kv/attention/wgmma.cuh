@@ -18,8 +18,13 @@
 
 namespace fp4kv::attention::detail {
 
-inline constexpr int kSw128RowBytes = 128;   // one row slice of 64 BF16
-inline constexpr int kSw128AtomBytes = 1024; // 8 rows
+inline constexpr int kWarpgroupThreads = 128;  // 4 warps
+inline constexpr int kSw128RowBytes = 128;     // one row slice of 64 BF16
+inline constexpr int kSw128AtomBytes = 1024;   // 8 rows
+inline constexpr int kMmaK = 16;               // BF16 elements (K) of one wgmma k-step
+inline constexpr int kKStepsPerRow = kSw128RowBytes / (kMmaK * 2);  // k-steps in one 128-byte row slice
+// The leading byte offset of a swizzled K-major operand: unused, encoded as 1 (16 bytes).
+inline constexpr uint32_t kUnusedLeadingBytes = 16;
 
 // Byte offset of 16-byte chunk `chunk` (0-15: channels 8 chunk ..) of row `row` in a tile of
 // `rows` rows x 128 channels.
@@ -39,14 +44,17 @@ __device__ __forceinline__ uint64_t sw128_descriptor(uint32_t smem_addr, uint32_
 // swizzle to the address bits, so the atom stays aligned); 8-row groups 1024 bytes apart (the
 // leading offset is unused for swizzled K-major layouts: 1).
 __device__ __forceinline__ uint64_t kmajor_descriptor(uint32_t tile, int rows, int ks) {
-  return sw128_descriptor(tile + uint32_t((ks / 4) * rows * kSw128RowBytes + (ks % 4) * 32), 16, kSw128AtomBytes);
+  return sw128_descriptor(
+      tile + uint32_t((ks / kKStepsPerRow) * rows * kSw128RowBytes + (ks % kKStepsPerRow) * kMmaK * 2),
+      kUnusedLeadingBytes, kSw128AtomBytes);
 }
 
 // N-major operand (V: rows = keys = K, channels = N) of a tile with `rows` keys, k-step kk (16
 // keys): 16 rows further per k-step; 8-key groups 1024 bytes apart (stride offset), the next 64
 // channels one plane further (leading offset).
 __device__ __forceinline__ uint64_t nmajor_descriptor(uint32_t tile, int rows, int kk) {
-  return sw128_descriptor(tile + uint32_t(kk * 16 * kSw128RowBytes), uint32_t(rows * kSw128RowBytes), kSw128AtomBytes);
+  return sw128_descriptor(tile + uint32_t(kk * kMmaK * kSw128RowBytes), uint32_t(rows * kSw128RowBytes),
+                          kSw128AtomBytes);
 }
 
 // Orders this thread's register writes (accumulators, A fragments) before the next wgmma.
