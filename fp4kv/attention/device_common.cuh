@@ -57,6 +57,29 @@ __device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* sr
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+// Announces `bytes` of asynchronous copies to `bar` (this thread's arrival included).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// Adds to a shared counter with acquire-release order within the CTA; returns the old value.
+__device__ __forceinline__ uint32_t atom_add_acq_rel_shared(uint32_t addr, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], %2;\n" : "=r"(old) : "r"(addr), "r"(v) : "memory");
+  return old;
+}
+// Tensor (TMA) copy of the box at element coordinates (c0, c1, c2) of the 3-D tensor map at
+// generic address `map` (a __grid_constant__ kernel parameter) into shared memory at `dst`,
+// completing on `bar`; elements outside the tensor arrive as zeros and count as copied bytes.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
 // Waits until the phase with parity `parity` of `bar` has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(

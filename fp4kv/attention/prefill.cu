@@ -2,6 +2,8 @@
 // cache's pages and slot rows into BF16 tiles, and the passes of prefill_flash.cuh.
 #include "fp4kv/attention/prefill.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -187,11 +189,49 @@ void launch_flash(const FlashArgs& a, cudaStream_t stream) {
   prefill_flash_kernel<D, M><<<grid, kFlashThreads, Shape::kSmemBytes, stream>>>(a);
 }
 
+// The driver's tensor-map encoder, found once through the runtime (nothing links libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    cache::cuda_check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found),
+                      "PrefillAttention: cudaGetDriverEntryPointByVersion");
+    require(found == cudaDriverEntryPointSuccess && fn != nullptr,
+            "PrefillAttention: the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// The tensor map of `rows` BF16 rows of D channels per head: row r of head h at base + h *
+// head_stride + r * row_stride (elements), read in boxes of kTmaBoxCols channels x kTmaBoxRows
+// rows of one head in the 128-byte swizzle; rows at or past `rows` read as zeros.
+template <int D>
+CUtensorMap bf16_rows_map(const uint16_t* base, long rows, int heads, long row_stride, long head_stride) {
+  const cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(rows), cuuint64_t(heads)};
+  const cuuint64_t strides[2] = {cuuint64_t(row_stride) * 2, cuuint64_t(head_stride) * 2};  // bytes
+  const cuuint32_t box[3] = {kTmaBoxCols, kTmaBoxRows, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(base), dims,
+                                          strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error("PrefillAttention: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) +
+                "): rows and the base address must be 16-byte aligned");
+  return map;
+}
+
 template <int D>
 void launch_wgmma(const FlashArgs& a, cudaStream_t stream) {
   using Shape = WgmmaShape<D>;
+  const int kv_heads = a.q_heads / a.group;
+  const WgmmaMaps maps{bf16_rows_map<D>(a.q, a.T, a.q_heads, a.q_row_stride, D),
+                       bf16_rows_map<D>(a.k, a.n_keys, kv_heads, a.kv_row_stride, a.kv_head_stride),
+                       bf16_rows_map<D>(a.v, a.n_keys, kv_heads, a.kv_row_stride, a.kv_head_stride)};
   const dim3 grid((a.T + Shape::kRows - 1) / Shape::kRows, a.q_heads);
-  prefill_wgmma_kernel<D><<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
+  prefill_wgmma_kernel<D><<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a, maps);
 }
 
 template <int D>

@@ -65,9 +65,6 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// Shared memory written through the generic proxy (cp.async, stores) and read next by wgmma
-// (the async proxy): each writing thread fences before the barrier that publishes it.
-__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // The accumulator operands of one n-tile (4 per thread) and of eight, for the asm statements
 // below (each wgmma names every accumulator register).

@@ -192,6 +192,7 @@ std::vector<PrefillCase> cases() {
   for (const char* r : {"bf16", "fp8", "nvfp4", "nvfp4-native", "mxfp4", "mxfp4-native"})
     for (const auto& s : wgmma_shapes) v.push_back(PrefillCase{r, 128, s[0], s[1], 16384, 2, 4, 64, true});
   v.push_back(PrefillCase{"nvfp4", 128, 700, 65, 256, 2, 4, 64, true});
+  v.push_back(PrefillCase{"bf16", 128, 0, 1100, 16384, 2, 4, 64, true});  // 18 key tiles: each buffer refilled 5 times
   v.push_back(PrefillCase{"nvfp4", 128, 40, 30, 16384, 1, 8, 64, true});
   v.push_back(PrefillCase{"mxfp4", 64, 129, 77, 16384, 2, 4, 64, true});
   return v;
