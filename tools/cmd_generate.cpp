@@ -1,7 +1,8 @@
 // `fp4kv generate`: a prompt through prefill into the recipe's KV cache, then tokens streamed
 // to stdout as they are drawn; prompt tokens, prefill time, time per output token and
 // tokens/s go to stderr, so the text can be piped. The CPU engine (engine/cpu_generator.h)
-// runs everywhere; the GPU engine is not in this build yet, so --device cuda is refused.
+// runs everywhere; the GPU engine (engine/gpu_generator.h) in CUDA builds, reading the prompt
+// in --prefill-chunk chunks of the tensor-core prefill.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/recipe.h"
 #include "fp4kv/engine/cpu_generator.h"
+#include "fp4kv/engine/scheduler.h"
 #include "fp4kv/eval/calibration.h"
 #include "fp4kv/eval/limits.h"
 #include "fp4kv/eval/model_attention.h"
@@ -22,7 +24,6 @@
 #ifdef FP4KV_HAVE_CUDA
 #include "fp4kv/engine/gpu_generator.h"
 #include "fp4kv/engine/gpu_weights.h"
-#include "fp4kv/engine/scheduler.h"
 #endif
 
 namespace fp4kv::cli {
@@ -32,6 +33,7 @@ namespace {
 struct GenerateArgs {
   std::string model = "models/pk8l", kv = "nvfp4", prompt, prompt_file, calibration, device = "auto";
   int tensor_parallel = 1;
+  int prefill_chunk = engine::kServingPrefillChunk;  // fp4kv serve's, so both read a prompt alike
   engine::GenerateOptions options;
   bool prompt_given = false;  // --prompt '' is an empty prompt, not a missing one
 };
@@ -91,9 +93,7 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
   engine::GpuModelOptions o;
   o.max_batch = 1;
   o.max_context = int(prompt.size()) + a.options.max_tokens;
-  // The tensor-core prefill in the serving scheduler's chunks, so `fp4kv serve` reads a prompt
-  // the way this command does.
-  o.prefill_chunk = engine::prefill_chunk_for(w.config(), engine::SchedulerConfig{}.prefill_chunk);
+  o.prefill_chunk = engine::prefill_chunk_for(w.config(), a.prefill_chunk);  // the tensor-core prefill
   engine::GpuModel gpu(w, recipe, cal ? cal->mu_k.data() : nullptr, o);
   const engine::GenerateStats s = engine::generate_on_gpu(gpu, prompt, a.options, print_token);
   print_stats("cuda", recipe, s);
@@ -102,6 +102,7 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
 #endif
 
 int run_generate(const GenerateArgs& a) {
+  require(a.prefill_chunk >= 1, "--prefill-chunk must be at least 1 token, got " + std::to_string(a.prefill_chunk));
   const bool gpu = use_gpu(a.device);
   require_one_rank(a.tensor_parallel, a.model);
   const Recipe recipe = parse_recipe(a.kv);
@@ -132,6 +133,8 @@ Action add_generate(CLI::App& app) {
   sub->add_option("--device", a->device, "auto (the GPU when one is visible), cpu or cuda")->capture_default_str();
   sub->add_option("--calibration", a->calibration, "calibration file (default: beside the model)");
   sub->add_option("--tensor-parallel", a->tensor_parallel, "GPUs to split the model over (NCCL)")->capture_default_str();
+  sub->add_option("--prefill-chunk", a->prefill_chunk, "prompt tokens per prefill chunk on the GPU (as fp4kv serve's)")
+      ->capture_default_str();
   return [a, prompt] {
     a->prompt_given = prompt->count() > 0;
     return run_generate(*a);

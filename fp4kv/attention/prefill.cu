@@ -321,24 +321,17 @@ PrefillAttention::PrefillAttention(const cache::KvCache& cache, const PrefillCon
   tile_k_factor_ = static_cast<float*>(parts[6]);
   tile_v_factor_ = static_cast<float*>(parts[7]);
   key_mask_ = static_cast<uint32_t*>(parts[8]);
-  int device = 0;
-  cache::cuda_check(cudaGetDevice(&device), "PrefillAttention: cudaGetDevice");
-  cache::cuda_check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device),
-                    "PrefillAttention: cudaDeviceGetAttribute");
   const bool wide = config.cta_rows == kWideCtaRows;
   if (d == 64) {
     wide ? detail::configure_flash<64, 2>() : detail::configure_flash<64, 1>();
     return;
   }
-  if (config.mma != PrefillMma::sync) detail::configure_wgmma<128>();
-  if (config.mma != PrefillMma::warpgroup) wide ? detail::configure_flash<128, 2>() : detail::configure_flash<128, 1>();
+  if (uses_warpgroup_mma()) detail::configure_wgmma<128>();
+  else wide ? detail::configure_flash<128, 2>() : detail::configure_flash<128, 1>();
 }
 
-bool PrefillAttention::uses_warpgroup_mma(int T) const {
-  if (cache_.config().head_dim != kWarpgroupHeadDim || config_.mma == PrefillMma::sync) return false;
-  if (config_.mma == PrefillMma::warpgroup) return true;
-  constexpr int kRows = detail::WgmmaShape<kWarpgroupHeadDim>::kRows;
-  return long((T + kRows - 1) / kRows) * config_.q_heads >= sm_count_;
+bool PrefillAttention::uses_warpgroup_mma() const {
+  return cache_.config().head_dim == kWarpgroupHeadDim && config_.mma != PrefillMma::sync;
 }
 
 PrefillAttention::~PrefillAttention() { cudaFree(workspace_); }
@@ -439,7 +432,7 @@ void PrefillAttention::attend_prefix(int layer, const int32_t* block_row, int st
     fa.n_keys = ga.rows;
     fa.state_o = w > 0 ? state_o_ : nullptr;  // each thread rewrites only what it read: in place
     fa.state_lse = w > 0 ? state_lse_ : nullptr;
-    launch_flash_for(d, config_.cta_rows, uses_warpgroup_mma(T), fa, stream);
+    launch_flash_for(d, config_.cta_rows, uses_warpgroup_mma(), fa, stream);
   }
 }
 
@@ -475,7 +468,7 @@ void PrefillAttention::run(int layer, const int32_t* block_row, int start, int T
   fa.state_lse = start > 0 ? state_lse_ : nullptr;
   fa.out = out;
   fa.out_lse = lse;
-  launch_flash_for(d, config_.cta_rows, uses_warpgroup_mma(T), fa, stream);
+  launch_flash_for(d, config_.cta_rows, uses_warpgroup_mma(), fa, stream);
   cache::cuda_check(cudaGetLastError(), "PrefillAttention::run: launch");
 }
 

@@ -32,8 +32,8 @@ struct FlashArgs;  // prefill_flash.cuh
 // 64 or 128) or Hopper's warpgroup MMA (head_dim 128: three warpgroups of 64 rows per CTA,
 // cta_rows not used; head_dim 64 runs mma.sync). Both compute the same softmax with FP32
 // accumulation; they may differ in the order of the FP32 sums. `automatic` takes the
-// warpgroup kernel for a chunk whose grid of 192-row CTAs has at least one CTA per SM (a
-// short chunk, such as the engine's 128-token serving chunks, gets more CTAs from mma.sync).
+// warpgroup kernel wherever it runs (head_dim 128): on the H200 it is the faster one for every
+// chunk measured, from 128 tokens (32 CTAs for 32 heads) up (docs/PERF.md).
 enum class PrefillMma { sync, warpgroup, automatic };
 
 struct PrefillConfig {
@@ -70,14 +70,13 @@ class PrefillAttention {
 
  private:
   detail::FlashArgs pass_args(const uint16_t* q, int T) const;
-  bool uses_warpgroup_mma(int T) const;
+  bool uses_warpgroup_mma() const;
   void transform_queries(int layer, int T, const uint16_t* q, cudaStream_t stream) const;
   void attend_prefix(int layer, const int32_t* block_row, int start, int T, cudaStream_t stream) const;
 
   const cache::KvCache& cache_;
   PrefillConfig config_;
   int group_ = 1;
-  int sm_count_ = 0;  // of the current device at construction (PrefillMma::automatic)
   size_t workspace_bytes_ = 0;
   void* workspace_ = nullptr;
   // Pieces of the workspace.

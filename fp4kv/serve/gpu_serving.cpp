@@ -25,7 +25,7 @@ GpuServing load_gpu_serving(const GpuServeSetup& setup) {
   engine::GpuModelOptions o;  // max_context: the model's; slots: one per running request
   o.max_batch = setup.max_batch;
   o.num_blocks = s.capacity.blocks;
-  o.prefill_chunk = engine::prefill_chunk_for(c, kPrefillChunk);  // the scheduler's chunks, tensor-core prefill
+  o.prefill_chunk = engine::prefill_chunk_for(c, engine::kServingPrefillChunk);  // the scheduler's chunks, tensor-core prefill
   s.model = std::make_unique<engine::GpuModel>(*s.weights, s.recipe, s.calibration ? s.calibration->mu_k.data() : nullptr,
                                                o);
   s.limits.context = std::min(s.limits.context, s.model->options().max_context);

@@ -26,8 +26,8 @@ ModelLimits model_limits(const std::string& model_dir, const model::Qwen3Config&
 engine::SchedulerConfig scheduler_config(int max_batch, int total_blocks) {
   engine::SchedulerConfig config;
   config.max_batch = max_batch;
-  config.max_step_tokens = std::max(kStepTokens, max_batch);
-  config.prefill_chunk = kPrefillChunk;
+  config.max_step_tokens = std::max(engine::kServingStepTokens, max_batch);
+  config.prefill_chunk = engine::kServingPrefillChunk;
   config.total_blocks = total_blocks;
   return config;
 }

@@ -13,10 +13,6 @@
 
 namespace fp4kv::serve {
 
-// Per-step token budget and prefill chunk of the scheduler (the engine's defaults).
-inline constexpr int kStepTokens = 256;
-inline constexpr int kPrefillChunk = 128;
-
 // model/byte_tokenizer.h's encode_bytes/decode_bytes.
 engine::TextCodec byte_codec();
 // The model id is the directory's name; the context is max_position_embeddings (unbounded

@@ -62,6 +62,7 @@ TEST(CliGenerate, BadInputsGetClearErrors) {
       {m + "--prompt-file /tmp", "directory"},
       {"generate --model /nonexistent --prompt hi", "/nonexistent"},
       {m + "--prompt hi --tensor-parallel 0", "at least 1"},
+      {m + "--prompt hi --prefill-chunk 0", "--prefill-chunk"},
       // pk8l's 8 heads and 2 KV heads do not split 3 ways; 2 ways they do, and the run is
       // refused for what this build or version lacks (NCCL, the multi-GPU step)
       {m + "--prompt hi --tensor-parallel 3", "num_key_value_heads 2"},
