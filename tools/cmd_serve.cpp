@@ -39,6 +39,7 @@ struct ServeArgs {
   long long kv_memory_mib = 0;  // 0: the engine's default (CPU: 256 MiB; GPU: --gpu-memory-utilization)
   double gpu_memory_utilization = 0.9;
   int tensor_parallel = 1;
+  int prefill_chunk = engine::kServingPrefillChunk;
 };
 
 // SIGINT and SIGTERM write one byte to a pipe (the only async-signal-safe work); a thread
@@ -83,14 +84,14 @@ Served load_engine(const ServeArgs& a, bool gpu, Loaded& loaded) {
 #ifdef FP4KV_HAVE_CUDA
   if (gpu) {
     serve::GpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, a.kv_memory_mib * kMiB,
-                               a.gpu_memory_utilization};
+                               a.gpu_memory_utilization, a.prefill_chunk};
     serve::GpuServing& s = loaded.gpu.emplace(serve::load_gpu_serving(setup));
     return Served{s.engine.get(), &s.codec, &s.limits, s.recipe.name, "cuda", s.capacity, s.kv_budget_bytes};
   }
 #endif
   (void)gpu;
   const long long mib = a.kv_memory_mib > 0 ? a.kv_memory_mib : serve::kDefaultKvBudgetBytes / kMiB;
-  serve::CpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, mib * kMiB};
+  serve::CpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, mib * kMiB, a.prefill_chunk};
   serve::CpuServing& s = loaded.cpu.emplace(serve::load_cpu_serving(setup));
   return Served{s.engine.get(), &s.codec, &s.limits, s.recipe.name, "cpu", s.capacity, mib * kMiB};
 }
@@ -120,6 +121,7 @@ int run_serve(ServeArgs& a) {
   require_one_rank(a.tensor_parallel, a.model_dir);
   require(a.max_batch >= 1, "--max-batch must be >= 1, got " + std::to_string(a.max_batch));
   require(a.kv_memory_mib >= 0, "--kv-memory-mib must be >= 0, got " + std::to_string(a.kv_memory_mib));
+  require(a.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got " + std::to_string(a.prefill_chunk));
   (void)parse_recipe(a.kv);  // a bad --kv fails before the port is taken
   a.server.http_threads = std::max(a.server.http_threads, 2 * a.max_batch);  // streams hold a thread each
   install_shutdown_signals();
@@ -171,6 +173,10 @@ Action add_serve(CLI::App& app) {
   sub->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
                   "GPU: fraction of the device's memory for weights + KV cache (the cache gets what the weights and "
                   "a 1 GiB activation reserve leave)")
+      ->capture_default_str();
+  sub->add_option("--prefill-chunk", a->prefill_chunk,
+                  "prompt tokens a request feeds per step at most, also the step's token budget (decodes included): "
+                  "larger reads long prompts faster, smaller delays running decodes less")
       ->capture_default_str();
   sub->add_option("--api-key", a->server.api_key, "require `Authorization: Bearer KEY` on /v1/*");
   return [a] { return run_serve(*a); };

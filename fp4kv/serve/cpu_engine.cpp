@@ -12,7 +12,7 @@ namespace fp4kv::serve {
 
 CpuServing load_cpu_serving(const CpuServeSetup& setup) {
   CpuServing s;
-  s.recipe = check_serving_setup(setup.kv, setup.max_batch);
+  s.recipe = check_serving_setup(setup.kv, setup.max_batch, setup.prefill_chunk);
   s.model = std::make_unique<model::Qwen3Model>(model::Qwen3Model::load(setup.model_dir));
   const model::Qwen3Config& c = s.model->config();
   model::require_byte_tokenizer(c, setup.model_dir);
@@ -22,7 +22,7 @@ CpuServing load_cpu_serving(const CpuServeSetup& setup) {
   s.limits = model_limits(setup.model_dir, c);
   s.engine = std::make_unique<engine::Engine>(
       std::make_unique<engine::CpuBackend>(*s.model, eval::recipe_attention(c, s.recipe, s.calibration.get())),
-      scheduler_config(setup.max_batch, s.capacity.blocks), s.codec);
+      scheduler_config(setup.max_batch, s.capacity.blocks, setup.prefill_chunk), s.codec);
   return s;
 }
 

@@ -28,6 +28,7 @@ struct CpuServeSetup {
   std::string calibration;  // empty: the file beside the model (when the recipe needs one)
   int max_batch = 8;
   long long kv_budget_bytes = kDefaultKvBudgetBytes;
+  int prefill_chunk = engine::kServingPrefillChunk;  // and the step's token budget
 };
 
 struct CpuServing {

@@ -11,7 +11,7 @@ namespace fp4kv::serve {
 
 GpuServing load_gpu_serving(const GpuServeSetup& setup) {
   GpuServing s;
-  s.recipe = check_serving_setup(setup.kv, setup.max_batch);
+  s.recipe = check_serving_setup(setup.kv, setup.max_batch, setup.prefill_chunk);
   const model::Qwen3Config c = model::Qwen3Config::load_dir(setup.model_dir);
   model::require_byte_tokenizer(c, setup.model_dir);
   engine::check_gpu_recipe(c, s.recipe);
@@ -25,12 +25,13 @@ GpuServing load_gpu_serving(const GpuServeSetup& setup) {
   engine::GpuModelOptions o;  // max_context: the model's; slots: one per running request
   o.max_batch = setup.max_batch;
   o.num_blocks = s.capacity.blocks;
-  o.prefill_chunk = engine::prefill_chunk_for(c, engine::kServingPrefillChunk);  // the scheduler's chunks, tensor-core prefill
+  o.prefill_chunk = engine::prefill_chunk_for(c, setup.prefill_chunk);  // the scheduler's chunks, tensor-core prefill
   s.model = std::make_unique<engine::GpuModel>(*s.weights, s.recipe, s.calibration ? s.calibration->mu_k.data() : nullptr,
                                                o);
   s.limits.context = std::min(s.limits.context, s.model->options().max_context);
   s.engine = std::make_unique<engine::Engine>(std::make_unique<engine::GpuBackend>(*s.model),
-                                              scheduler_config(setup.max_batch, s.capacity.blocks), s.codec);
+                                              scheduler_config(setup.max_batch, s.capacity.blocks, setup.prefill_chunk),
+                                              s.codec);
   return s;
 }
 

@@ -28,6 +28,7 @@ struct GpuServeSetup {
   int max_batch = 8;
   long long kv_budget_bytes = 0;        // 0: gpu_memory_utilization of the device's memory
   double gpu_memory_utilization = 0.9;  // of the device's total memory, weights included
+  int prefill_chunk = engine::kServingPrefillChunk;  // and the step's token budget
 };
 
 struct GpuServing {

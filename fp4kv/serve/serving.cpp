@@ -23,17 +23,18 @@ ModelLimits model_limits(const std::string& model_dir, const model::Qwen3Config&
   return limits;
 }
 
-engine::SchedulerConfig scheduler_config(int max_batch, int total_blocks) {
+engine::SchedulerConfig scheduler_config(int max_batch, int total_blocks, int prefill_chunk) {
   engine::SchedulerConfig config;
   config.max_batch = max_batch;
-  config.max_step_tokens = std::max(engine::kServingStepTokens, max_batch);
-  config.prefill_chunk = engine::kServingPrefillChunk;
+  config.max_step_tokens = std::max(prefill_chunk, max_batch);
+  config.prefill_chunk = prefill_chunk;
   config.total_blocks = total_blocks;
   return config;
 }
 
-Recipe check_serving_setup(const std::string& kv, int max_batch) {
+Recipe check_serving_setup(const std::string& kv, int max_batch, int prefill_chunk) {
   require(max_batch >= 1, "--max-batch must be >= 1, got " + std::to_string(max_batch));
+  require(prefill_chunk >= 1, "--prefill-chunk must be >= 1, got " + std::to_string(prefill_chunk));
   Recipe r = parse_recipe(kv);
   require(r.kv != KvFormat::fp32, "--kv fp32 is the exact reference, not a cache format; serve bf16, fp8 or an FP4 preset");
   return r;

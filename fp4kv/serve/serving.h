@@ -18,11 +18,14 @@ engine::TextCodec byte_codec();
 // The model id is the directory's name; the context is max_position_embeddings (unbounded
 // when the config has none).
 ModelLimits model_limits(const std::string& model_dir, const model::Qwen3Config& config);
-engine::SchedulerConfig scheduler_config(int max_batch, int total_blocks);
+// prefill_chunk: prompt tokens one request feeds per step at most, also the step's token
+// budget (decode tokens included; at least max_batch).
+engine::SchedulerConfig scheduler_config(int max_batch, int total_blocks, int prefill_chunk);
 
-// The setup's own values, checked before anything loads: max_batch >= 1 and a recipe the
-// cache stores (fp32, the exact reference, is refused). Returns the parsed recipe.
-Recipe check_serving_setup(const std::string& kv, int max_batch);
+// The setup's own values, checked before anything loads: max_batch >= 1, prefill_chunk >= 1
+// and a recipe the cache stores (fp32, the exact reference, is refused). Returns the parsed
+// recipe.
+Recipe check_serving_setup(const std::string& kv, int max_batch, int prefill_chunk);
 // The block pool `budget_bytes` buys for the recipe on the model's shape, with BF16 slots for
 // max_batch requests; throws fp4kv::Error when it buys no block.
 engine::CacheCapacity serving_capacity(const Recipe& recipe, const model::Qwen3Config& config, long long budget_bytes,

@@ -485,6 +485,13 @@ std::pair<int, std::string> serve_to_exit(const std::string& args) {
   return {WEXITSTATUS(status), out};
 }
 
+// A bad --prefill-chunk ends the command before the port is taken.
+TEST(ServeCli, PrefillChunkBelowOneIsAClearError) {
+  const auto [code, out] = serve_to_exit("--device cpu --port 0 --prefill-chunk 0");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("--prefill-chunk must be >= 1"), std::string::npos) << out;
+}
+
 TEST(ServeCli, DeviceCudaIsTheGpuOrAClearError) {
   const auto [code, out] = serve_to_exit("--device cuda --kv fp32 --port 0");
   EXPECT_EQ(code, 2);
