@@ -126,7 +126,30 @@ struct ThroughputPoint {
   int requests = 0, peak_running = 0, completed = 0;
   long long preemptions = 0, output_tokens = 0;
   double seconds = 0;
+  // Where the wall time went: steps that fed a prompt chunk (with the decodes beside it), and
+  // decode-only steps with the rows they decoded.
+  double prefill_step_seconds = 0, decode_step_seconds = 0;
+  long long decode_steps = 0, decode_rows = 0;
 };
+
+// One scheduler step, timed and classified by what it fed (fed tokens beyond one per running
+// request are a prompt chunk).
+void timed_step(engine::Engine& e, ThroughputPoint& pt, bool& more) {
+  const engine::SchedulerCounters before = e.counters();
+  const auto t0 = std::chrono::steady_clock::now();
+  more = e.step();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const engine::SchedulerCounters after = e.counters();
+  const long long fed = after.fed_tokens - before.fed_tokens;
+  if (fed > before.running) {
+    pt.prefill_step_seconds += dt;
+  } else {
+    pt.decode_step_seconds += dt;
+    pt.decode_steps += 1;
+    pt.decode_rows += fed;
+  }
+  pt.peak_running = std::max(pt.peak_running, after.running);
+}
 
 ThroughputPoint run_concurrency(engine::Engine& e, int n, int context, int output, int vocab, uint64_t seed) {
   std::mt19937 rng{static_cast<uint32_t>(seed)};
@@ -144,7 +167,7 @@ ThroughputPoint run_concurrency(engine::Engine& e, int n, int context, int outpu
   ThroughputPoint pt;
   pt.requests = n;
   const auto t0 = std::chrono::steady_clock::now();
-  while (e.step()) pt.peak_running = std::max(pt.peak_running, e.counters().running);
+  for (bool more = true; more;) timed_step(e, pt, more);
   pt.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   pt.preemptions = e.counters().preemptions - preempted_before;
   for (uint64_t id : ids) {  // every request must have produced all its tokens
@@ -167,8 +190,9 @@ void throughput_part(Run& run, const E2eArgs& A) {
   run.md += "\n### Throughput vs concurrency (" + std::to_string(A.throughput_context) + "-token prompts, " +
             std::to_string(A.output_tokens) + " output tokens each; block pool of --gpu-memory-utilization " +
             std::to_string(A.gpu_memory_utilization).substr(0, 4) + ")\n\n"
-            "| preset | pool tokens | requests | output tok/s | x bf16 | peak running | preemptions | completed |\n"
-            "|---|---|---|---|---|---|---|---|\n";
+            "| preset | pool tokens | requests | output tok/s | x bf16 | peak running | preemptions | completed | "
+            "prompt steps s | decode steps s | decode step ms (mean rows) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::vector<double> bf16_rate(levels.size(), 0.0);
   for (const std::string& preset : split_csv(A.presets)) {
     const Recipe r = parse_recipe(preset);
@@ -192,18 +216,23 @@ void throughput_part(Run& run, const E2eArgs& A) {
       const ThroughputPoint pt = run_concurrency(e, levels[i], A.throughput_context, A.output_tokens, c.vocab_size, 100 + i);
       const double rate = double(pt.output_tokens) / pt.seconds;
       if (preset == "bf16") bf16_rate[i] = rate;
-      char line[256];
-      std::snprintf(line, sizeof line, "| %s | %lld | %d | %.0f | %s | %d | %lld | %d / %d |\n", preset.c_str(),
-                    cap.tokens(), pt.requests, rate,
+      const double decode_ms = pt.decode_steps ? 1e3 * pt.decode_step_seconds / double(pt.decode_steps) : 0.0;
+      const double decode_rows = pt.decode_steps ? double(pt.decode_rows) / double(pt.decode_steps) : 0.0;
+      char line[320];
+      std::snprintf(line, sizeof line, "| %s | %lld | %d | %.0f | %s | %d | %lld | %d / %d | %.2f | %.2f | %.2f (%.1f) |\n",
+                    preset.c_str(), cap.tokens(), pt.requests, rate,
                     bf16_rate[i] > 0 ? std::to_string(rate / bf16_rate[i]).substr(0, 4).c_str() : "-", pt.peak_running,
-                    pt.preemptions, pt.completed, pt.requests);
+                    pt.preemptions, pt.completed, pt.requests, pt.prefill_step_seconds, pt.decode_step_seconds,
+                    decode_ms, decode_rows);
       std::printf("%s", line);
       std::fflush(stdout);
       run.md += line;
       run.j["throughput"].push_back({{"preset", preset}, {"pool_tokens", cap.tokens()}, {"requests", pt.requests},
                                      {"output_tokens_per_s", rate}, {"peak_running", pt.peak_running},
                                      {"preemptions", pt.preemptions}, {"completed", pt.completed},
-                                     {"seconds", pt.seconds}});
+                                     {"seconds", pt.seconds}, {"prompt_step_seconds", pt.prefill_step_seconds},
+                                     {"decode_step_seconds", pt.decode_step_seconds}, {"decode_steps", pt.decode_steps},
+                                     {"decode_rows", pt.decode_rows}});
     }
   }
 }
