@@ -1,4 +1,4 @@
-// Timing of the cache work: prefill-write per 1K tokens and the
+// Timing of the cache work: prefill-write of 1K and 8K-token chunks and the
 // cache part of a decode step (control + append for every layer + promotion) at batch 1,
 // 16, 64, Qwen3-4B shapes (36 layers, 8 KV heads, d = 128). CUDA events; the decode step
 // is a captured CUDA graph, replayed with the sequence lengths advancing every step.
@@ -44,41 +44,43 @@ int run(int argc, char** argv) {
   FP4KV_CUDA_OK(cudaEventCreate(&e1));
   std::printf("recipe %s, %d layers, %d KV heads, d %d\n", recipe.name.c_str(), L, H, d);
 
-  // ---- prefill: 1024-token chunks, all layers ----
-  {
+  // ---- prefill: 1024-token chunks (one CTA per page part: latency) and 8192-token chunks
+  // (several waves: throughput), all layers ----
+  for (const int n : {1024, 8192}) {
+    const int pages = n / 128;
     KvCacheConfig c;
     c.layers = L;
     c.kv_heads = H;
     c.head_dim = d;
-    c.num_blocks = 8 * 8;
+    c.num_blocks = 8 * pages;
     c.max_slots = 8;
     c.max_batch = 1;
-    c.max_pages = 8;
+    c.max_pages = pages;
     KvCache cache(c, recipe);
-    const int n = 1024;
     float* k = random_device(size_t(n) * H * d, 1);
     float* v = random_device(size_t(n) * H * d, 2);
-    std::vector<int32_t> rows(64);
-    for (int i = 0; i < 64; ++i) rows[i] = i;
+    std::vector<int32_t> rows(size_t(8) * pages);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = int32_t(i);
     int32_t* drows = nullptr;
     FP4KV_CUDA_OK(cudaMalloc((void**)&drows, rows.size() * 4));
     FP4KV_CUDA_OK(cudaMemcpy(drows, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
     std::vector<float> times;
     for (int rep = 0; rep < 12; ++rep) {
-      const int r = rep % 8;  // request r owns blocks 8r .. 8r+7
+      const int r = rep % 8;  // request r owns blocks pages * r .. pages * (r + 1) - 1
       FP4KV_CUDA_OK(cudaEventRecord(e0, s));
-      cache.begin_prefill(drows + 8 * r, 0, n, s);
+      cache.begin_prefill(drows + pages * r, 0, n, s);
       for (int l = 0; l < L; ++l) cache.prefill(l, k, v, s);
       FP4KV_CUDA_OK(cudaEventRecord(e1, s));
       FP4KV_CUDA_OK(cudaEventSynchronize(e1));
       float ms = 0;
       FP4KV_CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
       if (rep >= 2) times.push_back(ms);
-      cache.release(rows[8 * r], s);
+      cache.release(rows[size_t(pages) * r], s);
     }
     std::sort(times.begin(), times.end());
-    std::printf("prefill write, 1024 tokens x %d layers: median %.1f us (%.2f us per layer)\n", L,
-                1e3 * times[times.size() / 2], 1e3 * times[times.size() / 2] / L);
+    const double us = 1e3 * times[times.size() / 2];
+    std::printf("prefill write, %d tokens x %d layers: median %.1f us (%.2f us per layer, %.1f M tokens/s)\n", n, L, us,
+                us / L, n / us);
     cudaFree(k);
     cudaFree(v);
     cudaFree(drows);

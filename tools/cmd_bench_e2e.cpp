@@ -204,6 +204,7 @@ void throughput_part(Run& run, const E2eArgs& A) {
     o.max_context = A.throughput_context + A.output_tokens + kPageTokens;
     o.num_blocks = cap.blocks;
     engine::GpuModel m(run.w, r, nullptr, o);
+    m.prepare_steps(max_batch);  // every batch size's plans and graph before the clock starts, as a server
     engine::SchedulerConfig sc;
     sc.max_batch = max_batch;
     sc.prefill_chunk = A.throughput_context;  // a prompt enters in one synthetic chunk

@@ -28,6 +28,12 @@ struct PageTraits {
   static constexpr int stage_bytes = kPage * D;             // one code per byte, at layout positions
   static constexpr int scale_bytes = fp4 ? kPage * D / B : 0;  // same for K and V
   static constexpr int smem_bytes = tile_bytes + stage_bytes + (scale_bytes + 15) / 16 * 16;
+  // Resident CTAs per SM the registers are capped for: the block quantizers are chains of
+  // dependent float operations, so more warps hide more of their latency. NVFP4 and FP8 fit
+  // 64 registers without spilling (4 CTAs at d = 128: 49 KB of shared memory each); MXFP4
+  // fits 128 (2 CTAs; uncapped it took ~200 registers and one CTA per SM, capped at 80 it
+  // spills 416 bytes).
+  static constexpr int kMinBlocks = F == KvFormat::mxfp4 ? 2 : 4;
 };
 
 struct PageTask {
@@ -229,7 +235,7 @@ __device__ __forceinline__ int cta_read(const int32_t* p) {
 }
 
 template <int D, KvFormat F>
-__global__ void __launch_bounds__(kThreads) page_kernel(const PageKernelArgs a) {
+__global__ void __launch_bounds__(kThreads, (PageTraits<D, F>::kMinBlocks)) page_kernel(const PageKernelArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   const CacheDims& dims = a.dims;
   PageTask task;

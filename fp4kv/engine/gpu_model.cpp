@@ -546,27 +546,42 @@ void GpuModel::step(const StepRows& rows) {
     enqueue_step(B);
     return;
   }
+  cuda_check(cudaGraphLaunch(step_graph(B), stream_), "GpuModel: graph launch");
+  last_replayed_ = true;
+}
+
+// The step graph of batch size B (captured on first use: it records the kernels on the step
+// buffers, whatever they hold, so nothing runs).
+cudaGraphExec_t GpuModel::step_graph(int B) {
   const int key = B * 2 + (cache_updates_ ? 1 : 0);
   auto it = graphs_.find(key);
-  if (it == graphs_.end()) {
-    cudaGraph_t graph = nullptr;
-    cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "GpuModel: begin capture");
-    try {
-      enqueue_step(B);
-    } catch (...) {
-      cudaStreamEndCapture(stream_, &graph);
-      if (graph) cudaGraphDestroy(graph);
-      throw;
-    }
-    cuda_check(cudaStreamEndCapture(stream_, &graph), "GpuModel: end capture");
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    cuda_check(e, "GpuModel: instantiate the step graph");
-    it = graphs_.emplace(key, exec).first;
+  if (it != graphs_.end()) return it->second;
+  cudaGraph_t graph = nullptr;
+  cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "GpuModel: begin capture");
+  try {
+    enqueue_step(B);
+  } catch (...) {
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
   }
-  cuda_check(cudaGraphLaunch(it->second, stream_), "GpuModel: graph launch");
-  last_replayed_ = true;
+  cuda_check(cudaStreamEndCapture(stream_, &graph), "GpuModel: end capture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  cuda_check(e, "GpuModel: instantiate the step graph");
+  return graphs_.emplace(key, exec).first->second;
+}
+
+void GpuModel::prepare_steps(int max_batch) {
+  require(max_batch >= 1 && max_batch <= options_.max_batch,
+          "GpuModel::prepare_steps: batch " + std::to_string(max_batch) + " outside [1, max_batch = " +
+              std::to_string(options_.max_batch) + "]");
+  for (int B = 1; B <= max_batch; ++B) {
+    gemms_for(B);
+    if (options_.cuda_graphs) step_graph(B);
+  }
+  synchronize();
 }
 
 // One layer of a prefill chunk of `T` tokens at positions start .. start + T - 1 (the GEMMs

@@ -129,8 +129,14 @@ class GpuModel {
   GpuModel& operator=(const GpuModel&) = delete;
 
   // Enqueues one step (asynchronous). Throws fp4kv::Error for a bad row (token, length,
-  // block id) the host can see.
+  // block id) the host can see. The first step of a batch size makes its GEMM plans (and
+  // tunes them with tune_gemms) and captures its graph.
   void step(const StepRows& rows);
+  // What the first step of each batch size 1..max_batch would do, done now (GEMM plans, their
+  // tuning, the step graphs), so that no later step pays it: a server before it serves, a
+  // benchmark before it times. Synchronizes. Throws fp4kv::Error for max_batch outside
+  // [1, options().max_batch].
+  void prepare_steps(int max_batch);
   // Prompt tokens [start, start + tokens.size()) of the request whose block table row is
   // `block_row` (max_pages() entries, covering every page up to the last token) through the
   // tensor-core prefill, in chunks of options().prefill_chunk; the last token's logits become
@@ -188,6 +194,7 @@ class GpuModel {
                                                const Activations& a, int tokens, int32_t* flags);
   void enqueue_prefill_layer(int layer, int start, int tokens, const Gemms& g);
   Gemms& gemms_for(int batch);
+  cudaGraphExec_t step_graph(int batch);
   Gemms& prefill_gemms_for(int rows);
   struct TuningOperands {
     const __nv_bfloat16* x;

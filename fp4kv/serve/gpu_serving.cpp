@@ -28,6 +28,7 @@ GpuServing load_gpu_serving(const GpuServeSetup& setup) {
   o.prefill_chunk = engine::prefill_chunk_for(c, setup.prefill_chunk);  // the scheduler's chunks, tensor-core prefill
   s.model = std::make_unique<engine::GpuModel>(*s.weights, s.recipe, s.calibration ? s.calibration->mu_k.data() : nullptr,
                                                o);
+  s.model->prepare_steps(setup.max_batch);  // no step graph captured while serving
   s.limits.context = std::min(s.limits.context, s.model->options().max_context);
   s.engine = std::make_unique<engine::Engine>(std::make_unique<engine::GpuBackend>(*s.model),
                                               scheduler_config(setup.max_batch, s.capacity.blocks, setup.prefill_chunk),

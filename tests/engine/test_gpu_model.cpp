@@ -129,6 +129,30 @@ TEST(GpuModel, GraphReplayIsBitIdenticalToEagerSteps) {
   }
 }
 
+// Graphs captured ahead (prepare_steps) replay the same steps as graphs captured on first use:
+// three sequences of different lengths run as rows of batch 3, then 2, then 1.
+TEST(GpuModel, PreparedStepsMatchStepsPreparedOnFirstUse) {
+  SKIP_WITHOUT_GPU();
+  const GpuWeights w = GpuWeights::load(pk8l_dir());
+  const std::vector<int> ref = reference().tokens;
+  const std::vector<std::vector<int>> seqs = {std::vector<int>(ref.begin(), ref.begin() + 140),
+                                              std::vector<int>(ref.begin() + 7, ref.begin() + 90),
+                                              std::vector<int>(ref.begin() + 30, ref.begin() + 61)};
+  GpuModel lazy(w, parse_recipe("nvfp4"), nullptr, small_options(3, 256));
+  GpuModel prepared(w, parse_recipe("nvfp4"), nullptr, small_options(3, 256));
+  EXPECT_THROW(prepared.prepare_steps(0), Error);
+  EXPECT_THROW(prepared.prepare_steps(4), Error);
+  prepared.prepare_steps(3);
+  const std::vector<std::vector<float>> a = forced_logits_on_gpu(lazy, seqs);
+  const std::vector<std::vector<float>> b = forced_logits_on_gpu(prepared, seqs);
+  EXPECT_TRUE(prepared.last_step_replayed());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].size(), b[i].size());
+    EXPECT_EQ(std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4), 0) << "sequence " << i;
+  }
+}
+
 TEST(GpuModel, BatchedRowsMatchEachRowAlone) {
   SKIP_WITHOUT_GPU();
   const GpuWeights w = GpuWeights::load(pk8l_dir());
