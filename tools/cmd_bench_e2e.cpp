@@ -128,27 +128,28 @@ struct ThroughputPoint {
   double seconds = 0;
   // Where the wall time went: steps that fed a prompt chunk (with the decodes beside it), and
   // decode-only steps with the rows they decoded.
-  double prefill_step_seconds = 0, decode_step_seconds = 0;
+  double prompt_step_seconds = 0, decode_step_seconds = 0;
   long long decode_steps = 0, decode_rows = 0;
 };
 
 // One scheduler step, timed and classified by what it fed (fed tokens beyond one per running
-// request are a prompt chunk).
-void timed_step(engine::Engine& e, ThroughputPoint& pt, bool& more) {
+// request are a prompt chunk). Returns Engine::step's "more work".
+bool timed_step(engine::Engine& e, ThroughputPoint& pt) {
   const engine::SchedulerCounters before = e.counters();
   const auto t0 = std::chrono::steady_clock::now();
-  more = e.step();
+  const bool more = e.step();
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const engine::SchedulerCounters after = e.counters();
   const long long fed = after.fed_tokens - before.fed_tokens;
   if (fed > before.running) {
-    pt.prefill_step_seconds += dt;
+    pt.prompt_step_seconds += dt;
   } else {
     pt.decode_step_seconds += dt;
     pt.decode_steps += 1;
     pt.decode_rows += fed;
   }
   pt.peak_running = std::max(pt.peak_running, after.running);
+  return more;
 }
 
 ThroughputPoint run_concurrency(engine::Engine& e, int n, int context, int output, int vocab, uint64_t seed) {
@@ -167,7 +168,8 @@ ThroughputPoint run_concurrency(engine::Engine& e, int n, int context, int outpu
   ThroughputPoint pt;
   pt.requests = n;
   const auto t0 = std::chrono::steady_clock::now();
-  for (bool more = true; more;) timed_step(e, pt, more);
+  while (timed_step(e, pt)) {
+  }
   pt.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   pt.preemptions = e.counters().preemptions - preempted_before;
   for (uint64_t id : ids) {  // every request must have produced all its tokens
@@ -223,7 +225,7 @@ void throughput_part(Run& run, const E2eArgs& A) {
       std::snprintf(line, sizeof line, "| %s | %lld | %d | %.0f | %s | %d | %lld | %d / %d | %.2f | %.2f | %.2f (%.1f) |\n",
                     preset.c_str(), cap.tokens(), pt.requests, rate,
                     bf16_rate[i] > 0 ? std::to_string(rate / bf16_rate[i]).substr(0, 4).c_str() : "-", pt.peak_running,
-                    pt.preemptions, pt.completed, pt.requests, pt.prefill_step_seconds, pt.decode_step_seconds,
+                    pt.preemptions, pt.completed, pt.requests, pt.prompt_step_seconds, pt.decode_step_seconds,
                     decode_ms, decode_rows);
       std::printf("%s", line);
       std::fflush(stdout);
@@ -231,7 +233,7 @@ void throughput_part(Run& run, const E2eArgs& A) {
       run.j["throughput"].push_back({{"preset", preset}, {"pool_tokens", cap.tokens()}, {"requests", pt.requests},
                                      {"output_tokens_per_s", rate}, {"peak_running", pt.peak_running},
                                      {"preemptions", pt.preemptions}, {"completed", pt.completed},
-                                     {"seconds", pt.seconds}, {"prompt_step_seconds", pt.prefill_step_seconds},
+                                     {"seconds", pt.seconds}, {"prompt_step_seconds", pt.prompt_step_seconds},
                                      {"decode_step_seconds", pt.decode_step_seconds}, {"decode_steps", pt.decode_steps},
                                      {"decode_rows", pt.decode_rows}});
     }

@@ -102,7 +102,7 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
 #endif
 
 int run_generate(const GenerateArgs& a) {
-  require(a.prefill_chunk >= 1, "--prefill-chunk must be at least 1 token, got " + std::to_string(a.prefill_chunk));
+  require(a.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got " + std::to_string(a.prefill_chunk));
   const bool gpu = use_gpu(a.device);
   require_one_rank(a.tensor_parallel, a.model);
   const Recipe recipe = parse_recipe(a.kv);

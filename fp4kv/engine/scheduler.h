@@ -38,13 +38,12 @@
 
 namespace fp4kv::engine {
 
-// The prefill chunk and per-step token budget `fp4kv generate` and `fp4kv serve` run with
-// (vLLM's token budget for chunked prefill): a 32K-token prompt of the Qwen3-4B shape is
+// The prefill chunk `fp4kv generate` and `fp4kv serve` run with, also serve's per-step token
+// budget (vLLM's budget for chunked prefill): a 32K-token prompt of the Qwen3-4B shape is
 // prefilled in 1.5 s in 2048-token chunks on the H200, in 8.9 s in 128-token ones (each chunk
 // re-reads the whole prefix; docs/PERF.md). A step that carries a full chunk delays the
 // running decodes by that chunk's forward (76 ms per chunk over an 8K-token prompt there).
 inline constexpr int kServingPrefillChunk = 2048;
-inline constexpr int kServingStepTokens = 2048;
 
 struct SchedulerConfig {
   int max_batch = 8;              // running requests at most
