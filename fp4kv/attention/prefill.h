@@ -31,10 +31,10 @@ struct FlashArgs;  // prefill_flash.cuh
 // The tensor-core instruction of the attention passes: mma.sync (head_dim 64 and 128, cta_rows
 // 64 or 128) or Hopper's warpgroup MMA (head_dim 128: three warpgroups of 64 rows per CTA,
 // cta_rows not used; head_dim 64 runs mma.sync). Both compute the same softmax with FP32
-// accumulation; they may differ in the order of the FP32 sums. `automatic` takes the
-// warpgroup kernel wherever it runs (head_dim 128): on the H200 it is the faster one for every
-// chunk measured, from 128 tokens (32 CTAs for 32 heads) up (docs/PERF.md).
-enum class PrefillMma { sync, warpgroup, automatic };
+// accumulation; they may differ in the order of the FP32 sums. The default is the warpgroup
+// kernel: on the H200 it is the faster one for every chunk measured, from 128 tokens (32 CTAs
+// for 32 heads) up (docs/PERF.md).
+enum class PrefillMma { sync, warpgroup };
 
 struct PrefillConfig {
   int q_heads = 0;
@@ -43,7 +43,7 @@ struct PrefillConfig {
   // Query rows per CTA of the attention kernel: 64 (16 per warp) or 128 (32 per warp: half
   // the shared-memory reads per MMA, more registers); a speed choice, the same numbers.
   int cta_rows = 64;
-  PrefillMma mma = PrefillMma::automatic;
+  PrefillMma mma = PrefillMma::warpgroup;
 };
 
 class PrefillAttention {
