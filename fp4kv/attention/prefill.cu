@@ -189,12 +189,15 @@ void launch_flash(const FlashArgs& a, cudaStream_t stream) {
   prefill_flash_kernel<D, M><<<grid, kFlashThreads, Shape::kSmemBytes, stream>>>(a);
 }
 
-// The driver's tensor-map encoder, found once through the runtime (nothing links libcuda).
+// The driver's tensor-map encoder, found once through the runtime (nothing links libcuda), in
+// the CUDA 12.0 form its function-pointer type (the _v12000 typedef) describes.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  constexpr unsigned kEncoderCudaVersion = 12000;
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    cache::cuda_check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found),
+    cache::cuda_check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, kEncoderCudaVersion,
+                                                       cudaEnableDefault, &found),
                       "PrefillAttention: cudaGetDriverEntryPointByVersion");
     require(found == cudaDriverEntryPointSuccess && fn != nullptr,
             "PrefillAttention: the CUDA driver has no cuTensorMapEncodeTiled");
