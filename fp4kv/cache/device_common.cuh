@@ -36,14 +36,13 @@ __device__ __forceinline__ void load_row(const float* row, int lane, RowFrag<D>&
   }
 }
 
-// The cached form of an input row: K is transformed (smooth: minus mu, rotate: Hadamard),
-// V is not. Non-finite elements (after the transform) are counted and become 0; the
-// result is rounded to BF16 (round to nearest even, as float_to_bf16_bits).
+// The cached form of an input row (cache_row loads it, cached_row takes it loaded): K is
+// transformed (smooth: minus mu, rotate: Hadamard), V is not. Non-finite elements (after the
+// transform) are counted and become 0; the result is rounded to BF16 (round to nearest even,
+// as float_to_bf16_bits).
 template <int D>
-__device__ __forceinline__ void cache_row(const float* row, const float* mu, bool is_key, bool smooth, bool rotate,
-                                          int lane, uint16_t (&out)[D / 32], int& nonfinite) {
-  RowFrag<D> r;
-  load_row<D>(row, lane, r);
+__device__ __forceinline__ void cached_row(RowFrag<D>& r, const float* mu, bool is_key, bool smooth, bool rotate,
+                                           int lane, uint16_t (&out)[D / 32], int& nonfinite) {
   constexpr int E = RowFrag<D>::E;
   if (is_key) {
     if (smooth && mu) {
@@ -61,6 +60,13 @@ __device__ __forceinline__ void cache_row(const float* row, const float* mu, boo
     }
     out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
   }
+}
+template <int D>
+__device__ __forceinline__ void cache_row(const float* row, const float* mu, bool is_key, bool smooth, bool rotate,
+                                          int lane, uint16_t (&out)[D / 32], int& nonfinite) {
+  RowFrag<D> r;
+  load_row<D>(row, lane, r);
+  cached_row<D>(r, mu, is_key, smooth, rotate, lane, out, nonfinite);
 }
 
 // Stores / loads E BF16 values (E * 2 bytes, aligned to that) of a lane.

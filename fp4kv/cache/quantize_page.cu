@@ -4,14 +4,16 @@
 // sees the BF16 values, so every path produces the same bytes (docs/DESIGN.md, "Cache
 // semantics"). The block quantizers are core/block_quant.h's, bit-exact with the CPU.
 //
-// Phases: (A) rows -> BF16 tile in shared memory, (B) slice amax -> page scale,
-// (C) one thread per microscaling block -> codes (one per byte, at their layout position)
-// and scales in shared memory, (D) codes packed two per byte and everything written out
-// with 16-byte stores.
+// Phases: (A) rows -> BF16 tile in shared memory (four rows per warp in flight), (B) slice
+// amax -> page scale, (C) codes and scales into shared memory at their layout positions: FP4
+// by one thread per row pair (rows r, r + 8 of a 16-row tile share their 32-bit code words)
+// and block column, through page_block_quant.cuh's straight-line block quantizers; FP8 one
+// byte per element, (D) everything written out with 16-byte stores.
 #include <climits>
 
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/cache/device_common.cuh"
+#include "fp4kv/cache/page_block_quant.cuh"
 #include "fp4kv/core/block_quant.h"
 #include "fp4kv/core/error.h"
 
@@ -25,15 +27,14 @@ struct PageTraits {
   static constexpr bool fp4 = F == KvFormat::nvfp4 || F == KvFormat::mxfp4;
   static constexpr int B = F == KvFormat::nvfp4 ? kNvfp4Block : (F == KvFormat::mxfp4 ? kMxfp4Block : 1);
   static constexpr int tile_bytes = kPage * D * 2;          // BF16 values [128][D]
-  static constexpr int stage_bytes = kPage * D;             // one code per byte, at layout positions
+  static constexpr int stage_bytes = fp4 ? kPage * D / 2 : kPage * D;  // the codes, as stored
   static constexpr int scale_bytes = fp4 ? kPage * D / B : 0;  // same for K and V
   static constexpr int smem_bytes = tile_bytes + stage_bytes + (scale_bytes + 15) / 16 * 16;
-  // Resident CTAs per SM the registers are capped for: the block quantizers are chains of
-  // dependent float operations, so more warps hide more of their latency. NVFP4 and FP8 fit
-  // 64 registers without spilling (4 CTAs at d = 128: 49 KB of shared memory each); MXFP4
-  // fits 128 (2 CTAs; uncapped it took ~200 registers and one CTA per SM, capped at 80 it
-  // spills 416 bytes).
-  static constexpr int kMinBlocks = F == KvFormat::mxfp4 ? 2 : 4;
+  // Resident CTAs per SM the registers are capped for (measured on the H200, 8192-token
+  // chunks at d = 128): FP4 3 (80 registers; NVFP4 70.9 us per layer against 72.1 with 4
+  // CTAs, which spill ~500 bytes, MXFP4 67.4 against 75.0 with 2), FP8 4 (64 registers, its
+  // per-element chain of dependent float operations wants the warps).
+  static constexpr int kMinBlocks = fp4 ? 3 : 4;
 };
 
 struct PageTask {
@@ -47,6 +48,97 @@ struct PageTask {
   unsigned long long* count = nullptr;  // where non-finite input elements are counted
 };
 
+// The codes of one block of row r < 8 of a 16-row A tile at their places in the A operand's
+// 32-bit words (layout.h, fp4_code_address): element i of the block (k-step i / 16, column
+// c = i % 16) goes to the word of lane 4 r + (c % 8) / 2 of its k-step, nibble slot
+// (c % 2) 4 + (c / 8) 2. Row r + 8 shares those words one nibble higher.
+template <int B>
+struct PairWords {
+  uint32_t w[B / 16][4] = {};
+  __device__ __forceinline__ void put(int i, uint32_t code) {
+    const int c = i % 16;
+    w[i / 16][(c % 8) / 2] |= code << (4 * ((c % 2) * 4 + (c / 8) * 2));
+  }
+  __device__ __forceinline__ void merge(const PairWords& o) {
+#pragma unroll
+    for (int k = 0; k < B / 16; ++k)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) w[k][q] |= o.w[k][q];
+  }
+};
+
+// Block j of A-operand row `row` from the BF16 tile [token][channel] (K: the row is a token,
+// blocks run along channels; V^T: the row is a channel, blocks run along tokens). A tile with
+// non-finite values (`finite` false: a finite input beyond BF16's range rounds to infinity)
+// has them read as 0, the core quantizers' finite_or_zero.
+template <int D, int B, bool kKey>
+__device__ __forceinline__ Bf16Block<B> load_block(const uint16_t* tile, int row, int j, bool finite) {
+  Bf16Block<B> x;
+  if constexpr (kKey) {
+    const uint4* src = reinterpret_cast<const uint4*>(tile + row * D + j * B);
+#pragma unroll
+    for (int v = 0; v < B / 8; ++v) {
+      const uint4 w = src[v];
+      x.w[4 * v] = w.x, x.w[4 * v + 1] = w.y, x.w[4 * v + 2] = w.z, x.w[4 * v + 3] = w.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < B / 2; ++k)
+      x.w[k] = uint32_t(tile[(j * B + 2 * k) * D + row]) | (uint32_t(tile[(j * B + 2 * k + 1) * D + row]) << 16);
+  }
+  if (!finite) {
+#pragma unroll
+    for (int k = 0; k < B / 2; ++k) {
+      if ((x.w[k] & 0x7F80u) == 0x7F80u) x.w[k] &= 0xFFFF0000u;
+      if ((x.w[k] & 0x7F800000u) == 0x7F800000u) x.w[k] &= 0x0000FFFFu;
+    }
+  }
+  return x;
+}
+
+// (C) of an FP4 part: one thread per (row pair, block column); K's rows are the tokens, V^T's
+// the channels. Consecutive threads take consecutive blocks of a token row (K) or
+// consecutive channels (V: conflict-free column reads of the tile). Codes go to `words` (the
+// part's code array, as stored), each row pair's two E4M3/E8M0 scales to one 16-bit
+// scale_offset pair.
+template <int D, KvFormat F, bool kKey, bool kSearch>
+__device__ void quantize_fp4_part(const uint16_t* tile, bool finite, float g, uint32_t* words, uint8_t* scales) {
+  constexpr int B = PageTraits<D, F>::B;
+  constexpr int rows = kKey ? kPage : D, cols = kKey ? D : kPage;
+  constexpr int row_blocks = cols / B, pairs = rows / 2, ksteps = cols / 16;
+  static_assert(ksteps % 4 == 0 && B % 16 == 0, "whole 16-byte lane groups of k-steps");
+  uint16_t* scale_pairs = reinterpret_cast<uint16_t*>(scales);
+  for (int u = threadIdx.x; u < pairs * row_blocks; u += kThreads) {
+    const int p = kKey ? u / row_blocks : u % pairs;
+    const int j = kKey ? u % row_blocks : u / pairs;
+    const int row0 = 16 * (p / 8) + p % 8;  // and row0 + 8
+    uint32_t w[B / 16][4] = {}, scale_pair = 0;
+#pragma unroll 1
+    for (int h = 0; h < 2; ++h) {  // rows row0, row0 + 8: one copy of the block code
+      const Bf16Block<B> x = load_block<D, B, kKey>(tile, row0 + 8 * h, j, finite);
+      PairWords<B> c;
+      uint32_t s;
+      if constexpr (F == KvFormat::nvfp4) s = nvfp4_block_fast<kSearch>(x, g, c);
+      else s = mxfp4_block_fast<kSearch>(x, c);
+#pragma unroll
+      for (int k = 0; k < B / 16; ++k)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) w[k][q] |= c.w[k][q] << (4 * h);
+      scale_pair |= s << (8 * h);
+    }
+#pragma unroll
+    for (int k = 0; k < B / 16; ++k) {
+      const int ks = j * (B / 16) + k;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int lane = (row0 % 8) * 4 + q;
+        words[(((row0 / 16) * (ksteps / 4) + ks / 4) * 32 + lane) * 4 + ks % 4] = w[k][q];
+      }
+    }
+    scale_pairs[((row0 / 16) * 8 + row0 % 8) * row_blocks + j] = uint16_t(scale_pair);
+  }
+}
+
 template <int D, KvFormat F>
 __device__ void build_page(const CacheDims& dims, const CacheMem& mem, const PageTask& task, uint8_t* smem) {
   using T = PageTraits<D, F>;
@@ -59,29 +151,43 @@ __device__ void build_page(const CacheDims& dims, const CacheMem& mem, const Pag
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = kThreads / 32;
   const bool is_key = task.kv == 0;
 
-  // (A) rows.
+  // (A) rows: every warp loads kRowsInFlight input rows (16 floats per lane) before it
+  // transforms any.
+  constexpr int kRowsInFlight = E <= 4 ? 4 : (E <= 8 ? 2 : 1);
+  static_assert(kPage % (kThreads / 32 * kRowsInFlight) == 0, "whole groups of rows per warp");
   const float* mu = is_key ? mu_row(dims, mem, task.layer, task.head) : nullptr;
   const uint16_t* recent = slot_row(dims, mem, task.layer, task.slot, task.head, task.kv, kSinkTokens);
   int bad = 0;
-  for (int t = warp; t < kPage; t += warps) {
-    uint16_t v[E];
-    const int pos = task.page * kPage + t;
-    if (t >= task.n_present) {
+  for (int t0 = warp; t0 < kPage; t0 += warps * kRowsInFlight) {
+    RowFrag<D> in[kRowsInFlight];
 #pragma unroll
-      for (int i = 0; i < E; ++i) v[i] = 0;
-    } else if (pos >= task.input_first) {
-      cache_row<D>(task.input + (pos - task.input_first) * task.input_stride, mu, is_key, dims.smooth, dims.rotate,
-                   lane, v, bad);
-    } else {
-      load_bf16<E>(recent + (pos % kPage) * dims.slot_row_stride() + lane * E, v);
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      const int t = t0 + u * warps, pos = task.page * kPage + t;
+      if (t < task.n_present && pos >= task.input_first)
+        load_row<D>(task.input + (pos - task.input_first) * task.input_stride, lane, in[u]);
     }
-    store_bf16<E>(tile + t * D + lane * E, v);
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      const int t = t0 + u * warps, pos = task.page * kPage + t;
+      uint16_t v[E];
+      if (t >= task.n_present) {
+#pragma unroll
+        for (int i = 0; i < E; ++i) v[i] = 0;
+      } else if (pos >= task.input_first) {
+        cached_row<D>(in[u], mu, is_key, dims.smooth, dims.rotate, lane, v, bad);
+      } else {
+        load_bf16<E>(recent + (pos % kPage) * dims.slot_row_stride() + lane * E, v);
+      }
+      store_bf16<E>(tile + t * D + lane * E, v);
+    }
   }
   flush_nonfinite(task.count, bad);
   __syncthreads();
 
-  // (B) slice amax over the finite values (the padding zeros change nothing).
+  // (B) slice amax over the finite values (the padding zeros change nothing), and whether
+  // the tile holds any other.
   float amax = 0.0f;
+  bool nonfinite = false;
   for (int i = tid * 8; i < kPage * D; i += kThreads * 8) {
     const uint4 w = *reinterpret_cast<const uint4*>(tile + i);
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
@@ -89,46 +195,21 @@ __device__ void build_page(const CacheDims& dims, const CacheMem& mem, const Pag
     for (int q = 0; q < 8; ++q) {
       const float x = bf16_bits_to_float_dev(uint16_t(words[q / 2] >> (16 * (q % 2))));
       if (is_finite(x)) amax = max_f(amax, abs_f(x));
+      else nonfinite = true;
     }
   }
   amax = block_max(amax, scratch_f);
+  const bool finite = !__syncthreads_or(nonfinite);
 
   // (C) codes and block scales.
   float page_scale = 1.0f;
   if constexpr (T::fp4) {
-    constexpr int B = T::B;
-    const bool nv = F == KvFormat::nvfp4;
-    const float g = nv ? nvfp4_global_scale(amax) : 1.0f;
-    const bool search = is_key && dims.search;
-    const int rows = is_key ? kPage : D;        // A-operand rows: keys (K) or channels (V^T)
-    const int cols = is_key ? D : kPage;        // A-operand columns: channels (K) or keys (V^T)
-    const int row_blocks = cols / B;
-    for (int blk = tid; blk < rows * row_blocks; blk += kThreads) {
-      // K: consecutive threads take consecutive blocks of one token row. V: consecutive
-      // threads take consecutive channels (conflict-free column reads of the tile).
-      const int r = is_key ? blk / row_blocks : blk % D;
-      const int j = is_key ? blk % row_blocks : blk / D;
-      float x[B];
-#pragma unroll
-      for (int i = 0; i < B; ++i) {
-        const int c = j * B + i;
-        x[i] = bf16_bits_to_float_dev(is_key ? tile[r * D + c] : tile[c * D + r]);
-      }
-      uint8_t codes[B];
-      uint8_t s;
-      if constexpr (F == KvFormat::nvfp4) {
-        s = nvfp4_quantize_block(x, 1, g, search, codes);
-      } else {
-        s = mxfp4_quantize_block(x, 1, search, codes);
-      }
-      scales[scale_offset(r, j, row_blocks)] = s;
-#pragma unroll
-      for (int i = 0; i < B; ++i) {
-        const NibbleAddress a = fp4_code_address(r, j * B + i, cols);
-        stage[a.byte * 2 + a.nibble] = codes[i];
-      }
-    }
-    if (nv) page_scale = g;
+    const float g = F == KvFormat::nvfp4 ? nvfp4_global_scale(amax) : 1.0f;
+    uint32_t* words = reinterpret_cast<uint32_t*>(stage);
+    if (!is_key) quantize_fp4_part<D, F, false, false>(tile, finite, g, words, scales);
+    else if (dims.search) quantize_fp4_part<D, F, true, true>(tile, finite, g, words, scales);
+    else quantize_fp4_part<D, F, true, false>(tile, finite, g, words, scales);
+    if (F == KvFormat::nvfp4) page_scale = g;
   } else {  // FP8: one scale per slice
     page_scale = fp8_slice_scale(amax);
     for (int e = tid; e < kPage * D; e += kThreads) {
@@ -144,25 +225,8 @@ __device__ void build_page(const CacheDims& dims, const CacheMem& mem, const Pag
   uint8_t* dst = block_head(dims, mem, task.layer, task.block, task.head);
   uint8_t* codes_dst = dst + (is_key ? L.k_codes : L.v_codes);
   if constexpr (T::fp4) {
-    constexpr int out_bytes = kPage * D / 2;
-    for (int i = tid; i < out_bytes / 16; i += kThreads) {
-      const uint4 a = *reinterpret_cast<const uint4*>(stage + 32 * i);
-      const uint4 b = *reinterpret_cast<const uint4*>(stage + 32 * i + 16);
-      const uint32_t in[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      uint32_t out[4];
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        // in[2w] holds codes of bytes 4w, 4w+1 (two codes each); in[2w + 1] of 4w+2, 4w+3.
-        uint32_t o = 0;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint32_t src = in[2 * w + q / 2] >> (16 * (q % 2));
-          o |= ((src & 0xFu) | ((src >> 4) & 0xF0u)) << (8 * q);
-        }
-        out[w] = o;
-      }
-      *reinterpret_cast<uint4*>(codes_dst + 16 * i) = make_uint4(out[0], out[1], out[2], out[3]);
-    }
+    for (int i = tid; i < T::stage_bytes / 16; i += kThreads)
+      *reinterpret_cast<uint4*>(codes_dst + 16 * i) = *reinterpret_cast<const uint4*>(stage + 16 * i);
     uint8_t* scales_dst = dst + (is_key ? L.k_scales : L.v_scales);
     for (int i = tid; i < T::scale_bytes / 16; i += kThreads)
       *reinterpret_cast<uint4*>(scales_dst + 16 * i) = *reinterpret_cast<const uint4*>(scales + 16 * i);
