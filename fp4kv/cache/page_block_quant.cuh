@@ -78,7 +78,7 @@ struct CodesInOrder {
   }
 };
 
-// The signed code and value of an element of sign bit `x`'s whose magnitude rounds to m.
+// The signed code and value of an element with x's sign whose magnitude rounds to m.
 __device__ __forceinline__ uint32_t e2m1_signed_code(float x, const E2m1Magnitude& m) {
   return m.code | ((__float_as_uint(x) >> 28) & 8u);
 }

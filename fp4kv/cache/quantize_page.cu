@@ -2,9 +2,10 @@
 // (layout.h) from 128 tokens. The tokens come from the prefill input (transformed and
 // rounded to BF16 here) or from the slot's BF16 recent rows; either way the quantizer
 // sees the BF16 values, so every path produces the same bytes (docs/DESIGN.md, "Cache
-// semantics"). The block quantizers are core/block_quant.h's, bit-exact with the CPU.
+// semantics"). The block quantizers are core/block_quant.h's (FP8) and their straight-line
+// twins in page_block_quant.cuh (NVFP4, MXFP4), bit-exact with the CPU.
 //
-// Phases: (A) rows -> BF16 tile in shared memory (four rows per warp in flight), (B) slice
+// Phases: (A) rows -> BF16 tile in shared memory (rows loaded ahead per warp), (B) slice
 // amax -> page scale, (C) codes and scales into shared memory at their layout positions: FP4
 // by one thread per row pair (rows r, r + 8 of a 16-row tile share their 32-bit code words)
 // and block column, through page_block_quant.cuh's straight-line block quantizers; FP8 one
@@ -50,14 +51,14 @@ struct PageTask {
 
 // The codes of one block of row r < 8 of a 16-row A tile at their places in the A operand's
 // 32-bit words (layout.h, fp4_code_address): element i of the block (k-step i / 16, column
-// c = i % 16) goes to the word of lane 4 r + (c % 8) / 2 of its k-step, nibble slot
-// (c % 2) 4 + (c / 8) 2. Row r + 8 shares those words one nibble higher.
+// c = i % 16) goes to the word of lane 4 r + (c % 8) / 2 of its k-step, at its fragment
+// element's nibble slot. Row r + 8 shares those words one nibble higher.
 template <int B>
 struct PairWords {
   uint32_t w[B / 16][4] = {};
   __device__ __forceinline__ void put(int i, uint32_t code) {
-    const int c = i % 16;
-    w[i / 16][(c % 8) / 2] |= code << (4 * ((c % 2) * 4 + (c / 8) * 2));
+    const FragmentSlot f = fragment_slot(0, i % 16);  // lane = the word's q = (c % 8) / 2
+    w[i / 16][f.lane] |= code << (4 * fp4_nibble_slot(f.j));
   }
   __device__ __forceinline__ void merge(const PairWords& o) {
 #pragma unroll
@@ -131,10 +132,12 @@ __device__ void quantize_fp4_part(const uint16_t* tile, bool finite, float g, ui
       const int ks = j * (B / 16) + k;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
+        // fp4_code_address(row0, 16 ks + 2 q, cols).byte / 4: the word of lane 4 (row0 % 8) + q
         const int lane = (row0 % 8) * 4 + q;
         words[(((row0 / 16) * (ksteps / 4) + ks / 4) * 32 + lane) * 4 + ks % 4] = w[k][q];
       }
     }
+    // scale_offset(row0, j, row_blocks) / 2: row0's scale, row0 + 8's in the next byte.
     scale_pairs[((row0 / 16) * 8 + row0 % 8) * row_blocks + j] = uint16_t(scale_pair);
   }
 }

@@ -28,9 +28,13 @@ namespace {
 using cache::detail::Bf16Block;
 using cache::detail::CodesInOrder;
 
+constexpr uint32_t kInfinityBits = 0x7F800000u;  // +inf; larger patterns are NaNs
+constexpr uint16_t kBf16MagnitudeMask = 0x7FFFu;
+constexpr uint16_t kBf16SignBit = 0x8000u;
+
 __global__ void magnitude_kernel(uint32_t first, unsigned long long* mismatches) {
   const uint32_t bits = first + blockIdx.x * blockDim.x + threadIdx.x;
-  if (bits > 0x7F800000u) return;  // NaN patterns
+  if (bits > kInfinityBits) return;  // NaN patterns
   const float a = __uint_as_float(bits);
   const cache::detail::E2m1Magnitude m = cache::detail::e2m1_round_magnitude(a);
   const uint8_t ref = e2m1_encode(a);
@@ -41,7 +45,7 @@ TEST(PageBlockQuant, MagnitudeRoundingMatchesEveryFloat) {
   SKIP_WITHOUT_GPU();
   testing::DeviceBuffer<unsigned long long> mismatches(1);
   constexpr uint32_t kPerLaunch = 1u << 28, kThreads = 256;
-  for (uint64_t first = 0; first <= 0x7F800000ull; first += kPerLaunch)
+  for (uint64_t first = 0; first <= kInfinityBits; first += kPerLaunch)
     magnitude_kernel<<<kPerLaunch / kThreads, kThreads>>>(uint32_t(first), mismatches.get());
   FP4KV_CUDA_OK(cudaGetLastError());
   EXPECT_EQ(mismatches.download()[0], 0ull);
@@ -52,8 +56,8 @@ TEST(PageBlockQuant, MagnitudeRoundingMatchesEveryFloat) {
 __global__ void element_kernel(const float* gs, int ng, unsigned long long* mismatches, unsigned long long* tested) {
   const float x = __uint_as_float(uint32_t(blockIdx.x) << 16);
   if (!is_finite(x)) return;
-  const int s = threadIdx.x + 1;  // 1 .. 126 (0x7F is NaN)
-  if (s >= 0x7F) return;
+  const int s = threadIdx.x + 1;  // 1 .. 126 (kE4M3NaN excluded)
+  if (s >= kE4M3NaN) return;
   unsigned long long bad = 0, n = 0;
   for (int k = 0; k < ng; ++k) {
     const float sg = mul_rn(e4m3_value(uint8_t(s)), gs[k]);
@@ -113,13 +117,13 @@ void add_block(Blocks& out, const std::vector<float>& v, float g) {
   out.g.push_back(g);
 }
 
-// The BF16 value `steps` BF16 ulps from v (v BF16-exact).
+// The BF16 value `steps` BF16 ulps above v (below for negative steps; v BF16-exact).
 float bf16_step(float v, int steps) {
-  uint16_t h = float_to_bf16_bits(v);
-  const bool neg = h & 0x8000u;
-  const int mag = int(h & 0x7FFFu) + (neg ? -steps : steps);
-  if (mag < 0) return bf16_bits_to_float(uint16_t(-mag) | (neg ? 0 : 0x8000u));
-  return bf16_bits_to_float(uint16_t(mag) | (h & 0x8000u));
+  const uint16_t h = float_to_bf16_bits(v);
+  const bool neg = h & kBf16SignBit;
+  const int mag = int(h & kBf16MagnitudeMask) + (neg ? -steps : steps);
+  if (mag < 0) return bf16_bits_to_float(uint16_t(uint16_t(-mag) | (neg ? 0 : kBf16SignBit)));
+  return bf16_bits_to_float(uint16_t(uint16_t(mag) | (h & kBf16SignBit)));
 }
 
 template <int kB>
@@ -144,7 +148,7 @@ Blocks make_blocks(bool nv) {
   // sg = v_s; MXFP4: amax = 4 2^e), the others sit at code thresholds T sg and 1-2 BF16
   // steps around them, both signs.
   const float thresholds[] = {0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f};
-  for (int s = 1; s < 0x7F; s += 3) {
+  for (int s = 1; s < kE4M3NaN; s += 3) {
     const float unit = nv ? e4m3_value(uint8_t(s)) : std::ldexp(1.0f, s - 64);
     for (int steps = -2; steps <= 2; ++steps) {
       std::vector<float> v(kB);
