@@ -23,6 +23,14 @@ namespace fp4kv::cache {
 inline constexpr int kSplitCtasPerSm = 2;
 // SMs assumed by host-filled plans that are given no target (the H200 has 132).
 inline constexpr int kDefaultSmCount = 132;
+// Most pages a planned split takes (unless the row needs more to fit max_splits). A long
+// row is cut finer than the CTA target asks: the step then runs as many short CTAs that
+// the SMs pick up as others finish, instead of one or two waves of long ones whose last,
+// partly filled wave leaves SMs idle. Measured on the H200 (docs/PERF.md, "Pages per
+// split at long context"): at 64K context, batch 8-45, 64-page splits were the fastest or
+// within 1 % of the fastest size for nvfp4 (up to 19 % faster than the CTA target's
+// 256-512-page splits) and within 2 % for bf16; a CTA's fixed cost makes 16-32 pages slower.
+inline constexpr int kMaxSplitPages = 64;
 
 // How a row of n tokens (n >= 1) is attended through the split CTAs: decode_layout for
 // FP4/FP8 caches; for BF16 caches, which keep every token in their pool pages, every page
@@ -51,6 +59,7 @@ struct SplitPolicy {
   int max_splits = 1;   // capacity of splits per row (StepPlan::max_splits)
   int target_ctas = 1;  // split CTAs wanted over the whole step
   int min_pages = 1;    // fewest pages per split (step_plan.h min_split_pages)
+  int max_pages = kMaxSplitPages;  // most pages per split the planner chooses (>= min_pages wins)
   int forced_pages_per_split = 0;  // > 0: this split size (still capped by max_splits)
 };
 
@@ -62,7 +71,8 @@ struct RowSplit {
 FP4KV_HD int ceil_div_pages(int a, int b) { return (a + b - 1) / b; }
 
 // Pages per split for a row of `pages` (> 0) pages: about target_ctas split CTAs over the
-// step, at most max_splits per row, at least min_pages pages per split (or the whole row).
+// step, at most max_splits per row, at most max_pages pages per split, at least min_pages
+// (or the whole row; min_pages wins over max_pages).
 FP4KV_HD int choose_pages_per_split(int pages, const SplitPolicy& p) {
   const int head_rows = p.head_rows > 1 ? p.head_rows : 1;
   int want = ceil_div_pages(p.target_ctas > 1 ? p.target_ctas : 1, head_rows);
@@ -70,7 +80,8 @@ FP4KV_HD int choose_pages_per_split(int pages, const SplitPolicy& p) {
   want = want < pages ? want : pages;
   want = want > 1 ? want : 1;
   const int floor_pages = p.min_pages < pages ? p.min_pages : pages;
-  const int even = ceil_div_pages(pages, want);
+  int even = ceil_div_pages(pages, want);
+  even = even < p.max_pages ? even : p.max_pages;
   return even > floor_pages ? even : floor_pages;
 }
 

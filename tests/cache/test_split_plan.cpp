@@ -12,12 +12,14 @@
 namespace fp4kv::cache::test {
 namespace {
 
-// The benchmark's original host planner, kept as the specification of plan_row_split.
-int measured_pages_per_split(int pages, int head_rows, int max_splits, int target_ctas, int min_pages) {
+// The benchmark's original host planner with the split-size cap, kept as the specification
+// of plan_row_split.
+int measured_pages_per_split(int pages, int head_rows, int max_splits, int target_ctas, int min_pages,
+                             int max_pages) {
   const int rows = std::max(1, head_rows);
   int want = std::max(1, (target_ctas + rows - 1) / rows);
   want = std::min({want, max_splits, pages});
-  int pps = std::max((pages + want - 1) / want, std::min(min_pages, pages));
+  int pps = std::max(std::min((pages + want - 1) / want, max_pages), std::min(min_pages, pages));
   while ((pages + pps - 1) / pps > max_splits) ++pps;
   return pps;
 }
@@ -37,40 +39,51 @@ TEST(SplitPlan, InvariantsAndTheMeasuredPlannerOverManyShapes) {
       for (int max_splits : {1, 2, 7, 16, 128})
         for (int target : {1, 132, 264, 1000})
           for (int min_pages : {1, 2, 4, 8})
+            for (int max_pages : {3, 64, 1 << 20})
             for (int forced : {0, 1, 5}) {
               SplitPolicy p;
               p.head_rows = head_rows;
               p.max_splits = max_splits;
               p.target_ctas = target;
               p.min_pages = min_pages;
+              p.max_pages = max_pages;
               p.forced_pages_per_split = forced;
               const RowSplit s = plan_row_split(pages, p);
               SCOPED_TRACE(::testing::Message() << "pages " << pages << " head_rows " << head_rows << " max_splits "
                                               << max_splits << " target " << target << " min " << min_pages
-                                              << " forced " << forced);
+                                              << " max " << max_pages << " forced " << forced);
               ASSERT_GE(s.splits, 1);
               ASSERT_LE(s.splits, max_splits);
               ASSERT_GE(s.splits * s.pages_per_split, pages);       // every page covered
               ASSERT_LT((s.splits - 1) * s.pages_per_split, pages);  // no empty split
               if (forced == 0) {
-                ASSERT_EQ(s.pages_per_split, measured_pages_per_split(pages, head_rows, max_splits, target, min_pages));
+                ASSERT_EQ(s.pages_per_split,
+                          measured_pages_per_split(pages, head_rows, max_splits, target, min_pages, max_pages));
+                // The cap holds unless min_pages or the capacity asks for more.
+                ASSERT_LE(s.pages_per_split,
+                          std::max({max_pages, std::min(min_pages, pages), (pages + max_splits - 1) / max_splits}));
               } else {
                 ASSERT_EQ(s.pages_per_split, std::max(forced, (pages + max_splits - 1) / max_splits));
               }
             }
 }
 
-TEST(SplitPlan, FullGpuMeansOneSplitPerRow) {
+TEST(SplitPlan, FullGpuMeansOneSplitPerRowUpToTheCap) {
   SplitPolicy p;
   p.head_rows = 512;  // 64 rows x 8 KV heads >= 2 x 132 SMs
   p.max_splits = 16;
   p.target_ctas = kSplitCtasPerSm * kDefaultSmCount;
   p.min_pages = 8;
-  for (int pages : {1, 5, 40, 300}) {
+  for (int pages : {1, 5, 40, kMaxSplitPages}) {
     const RowSplit s = plan_row_split(pages, p);
     EXPECT_EQ(s.splits, 1) << pages;
     EXPECT_EQ(s.pages_per_split, pages) << pages;
   }
+  // Longer rows: splits of kMaxSplitPages, until max_splits needs longer ones.
+  EXPECT_EQ(plan_row_split(300, p).splits, 5);
+  EXPECT_EQ(plan_row_split(300, p).pages_per_split, kMaxSplitPages);
+  EXPECT_EQ(plan_row_split(4000, p).splits, 16);
+  EXPECT_EQ(plan_row_split(4000, p).pages_per_split, 250);
 }
 
 TEST(SplitPlan, AttendedPages) {
