@@ -40,32 +40,32 @@ TEST(SplitPlan, InvariantsAndTheMeasuredPlannerOverManyShapes) {
         for (int target : {1, 132, 264, 1000})
           for (int min_pages : {1, 2, 4, 8})
             for (int max_pages : {3, 64, 1 << 20})
-            for (int forced : {0, 1, 5}) {
-              SplitPolicy p;
-              p.head_rows = head_rows;
-              p.max_splits = max_splits;
-              p.target_ctas = target;
-              p.min_pages = min_pages;
-              p.max_pages = max_pages;
-              p.forced_pages_per_split = forced;
-              const RowSplit s = plan_row_split(pages, p);
-              SCOPED_TRACE(::testing::Message() << "pages " << pages << " head_rows " << head_rows << " max_splits "
-                                              << max_splits << " target " << target << " min " << min_pages
-                                              << " max " << max_pages << " forced " << forced);
-              ASSERT_GE(s.splits, 1);
-              ASSERT_LE(s.splits, max_splits);
-              ASSERT_GE(s.splits * s.pages_per_split, pages);       // every page covered
-              ASSERT_LT((s.splits - 1) * s.pages_per_split, pages);  // no empty split
-              if (forced == 0) {
-                ASSERT_EQ(s.pages_per_split,
-                          measured_pages_per_split(pages, head_rows, max_splits, target, min_pages, max_pages));
-                // The cap holds unless min_pages or the capacity asks for more.
-                ASSERT_LE(s.pages_per_split,
-                          std::max({max_pages, std::min(min_pages, pages), (pages + max_splits - 1) / max_splits}));
-              } else {
-                ASSERT_EQ(s.pages_per_split, std::max(forced, (pages + max_splits - 1) / max_splits));
+              for (int forced : {0, 1, 5}) {
+                SplitPolicy p;
+                p.head_rows = head_rows;
+                p.max_splits = max_splits;
+                p.target_ctas = target;
+                p.min_pages = min_pages;
+                p.max_pages = max_pages;
+                p.forced_pages_per_split = forced;
+                const RowSplit s = plan_row_split(pages, p);
+                SCOPED_TRACE(::testing::Message() << "pages " << pages << " head_rows " << head_rows << " max_splits "
+                                                << max_splits << " target " << target << " min " << min_pages
+                                                << " max " << max_pages << " forced " << forced);
+                ASSERT_GE(s.splits, 1);
+                ASSERT_LE(s.splits, max_splits);
+                ASSERT_GE(s.splits * s.pages_per_split, pages);       // every page covered
+                ASSERT_LT((s.splits - 1) * s.pages_per_split, pages);  // no empty split
+                if (forced == 0) {
+                  ASSERT_EQ(s.pages_per_split,
+                            measured_pages_per_split(pages, head_rows, max_splits, target, min_pages, max_pages));
+                  // The cap holds unless min_pages or the capacity asks for more.
+                  ASSERT_LE(s.pages_per_split,
+                            std::max({max_pages, std::min(min_pages, pages), (pages + max_splits - 1) / max_splits}));
+                } else {
+                  ASSERT_EQ(s.pages_per_split, std::max(forced, (pages + max_splits - 1) / max_splits));
+                }
               }
-            }
 }
 
 TEST(SplitPlan, FullGpuMeansOneSplitPerRowUpToTheCap) {
