@@ -74,8 +74,9 @@ __device__ __forceinline__ void sink_recent_scores(const uint16_t* Kc, const flo
     for (int j = 0; j < HQ; ++j)
 #pragma unroll
       for (int k = 0; k < CH; ++k) {
-        const float4 q0 = *reinterpret_cast<const float4*>(qf + (h0 + j) * D + (sub + 8 * k) * 8);
-        const float4 q1 = *reinterpret_cast<const float4*>(qf + (h0 + j) * D + (sub + 8 * k) * 8 + 4);
+        const float* src = qf + (h0 + j) * D + (sub + 8 * k) * 8;
+        const float4 q0 = *reinterpret_cast<const float4*>(src);
+        const float4 q1 = *reinterpret_cast<const float4*>(src + 4);
         q[j][k][0] = q0.x, q[j][k][1] = q0.y, q[j][k][2] = q0.z, q[j][k][3] = q0.w;
         q[j][k][4] = q1.x, q[j][k][5] = q1.y, q[j][k][6] = q1.z, q[j][k][7] = q1.w;
       }
@@ -130,6 +131,10 @@ __device__ __forceinline__ void sink_recent_softmax(float* Sb, float* red, int G
   }
 }
 
+// Heads one pass of the P.V threads covers: kThreads threads over D / 2 channel pairs.
+template <int D>
+inline constexpr int kSinkValueHeadsPerPass = kThreads / (D / 2);
+
 // P.V of the BF16 rows and the partial (o, base-2 LSE) of each head, written as split
 // max_splits. Thread owns channels 2 cp, 2 cp + 1 of NH heads a pass: h, h + HG, ... (h = hg,
 // hg + NH HG, ...), so each V word it loads serves NH heads. Per head the keys run in kChains
@@ -141,7 +146,7 @@ template <int D, int NH>
 __device__ __forceinline__ void sink_recent_values(const KernelArgs& a, const uint16_t* Vc, const float* Sb,
                                                    const float* red, size_t obase, int G, int nbf, int tid) {
   constexpr int PAIRS = D / 2;
-  constexpr int HG = kThreads / PAIRS;
+  constexpr int HG = kSinkValueHeadsPerPass<D>;
   constexpr int kChains = 4;
   static_assert(kChains == 4, "the partials below add four chains");
   const int S1 = a.max_splits + 1;
@@ -212,8 +217,7 @@ __device__ void sink_recent_part(const KernelArgs& a, uint8_t* region, const flo
   __syncthreads();
   sink_recent_softmax(Sb, red, G, nbf, warp, lane);
   __syncthreads();
-  constexpr int HG = kThreads / (D / 2);  // heads a pass of the P.V threads covers
-  if (G > HG)
+  if (G > kSinkValueHeadsPerPass<D>)
     sink_recent_values<D, 2>(a, Vc, Sb, red, obase, G, nbf, tid);
   else
     sink_recent_values<D, 1>(a, Vc, Sb, red, obase, G, nbf, tid);
