@@ -2,8 +2,7 @@
 // decode step's split partials: for each (row, query head) the page splits' partial (o,
 // base-2 LSE) and the BF16 sink/recent part's are weighted by 2^(lse - max) and summed; the
 // output is written in the caller's type and the LSE as the natural log of the true logits
-// q.k / sqrt(d) (the key smoothing's shift q.mu_k / sqrt(d) added back). The merge state is
-// shared with every kernel that combines partial softmax results.
+// q.k / sqrt(d) (the key smoothing's shift q.mu_k / sqrt(d) added back).
 #pragma once
 
 #include "fp4kv/attention/device_common.cuh"
@@ -20,20 +19,61 @@ __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000)
 __device__ __forceinline__ float merge_weight(float lse, float big) { return lse == neg_inf() ? 0.0f : exp2f(lse - big); }
 
 // Running merge of partials (o_s, lse_s) against a fixed maximum `big` (base 2):
-// acc = sum w_s o_s with w_s = merge_weight(lse_s, big).
-struct MergeState {
-  float big, wsum, acc;
-  __device__ __forceinline__ void add(float lse, float o) {
+// acc = sum w_s o_s with w_s = merge_weight(lse_s, big), for four channels at once.
+struct MergeState4 {
+  float big, wsum;
+  float4 acc;
+  __device__ __forceinline__ void add(float lse, const float4& o) {
     const float w = merge_weight(lse, big);
     wsum += w;
-    acc = fmaf(w, o, acc);
+    acc.x = fmaf(w, o.x, acc.x);
+    acc.y = fmaf(w, o.y, acc.y);
+    acc.z = fmaf(w, o.z, acc.z);
+    acc.w = fmaf(w, o.w, acc.w);
   }
 };
 
+__device__ __forceinline__ float4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+__device__ __forceinline__ float4 add4(const float4& a, const float4& b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+// How the combine CTA's D threads share a row's partials: thread c merges the four channels
+// 4 (c % kChannelThreads) .. + 3 of every kSplitGroups-th split, starting at split
+// c / kChannelThreads, kLoadsInFlight partials at a time. A row's partial outputs are then
+// read in ceil(splits / (kSplitGroups kLoadsInFlight)) memory latencies (one for up to 32
+// splits, the first overlapping the LSEs' load): the combine of a long batch-1 row, 32-64
+// splits, is a few latencies, not a chain of one per 8 splits.
+template <int D>
+struct CombineTiling {
+  static constexpr int kChannelsPerThread = 4;  // one float4
+  static constexpr int kChannelThreads = D / kChannelsPerThread;
+  static constexpr int kSplitGroups = D / kChannelThreads;
+  static constexpr int kLoadsInFlight = 8;
+  static_assert(D >= 64 && D % 32 == 0, "whole warps, a float4 of channels per thread");
+};
+
+// Partial outputs of `group`'s splits first, first + kSplitGroups, ... (kLoadsInFlight of
+// them; zero past nsplit): four channels from `channel`.
+template <int D>
+__device__ __forceinline__ void load_partials(const float* part_o, size_t row_base, int first, int nsplit,
+                                              int channel, float4 (&o)[CombineTiling<D>::kLoadsInFlight]) {
+  using T = CombineTiling<D>;
+#pragma unroll
+  for (int k = 0; k < T::kLoadsInFlight; ++k) {
+    const int s = first + k * T::kSplitGroups;
+    o[k] = s < nsplit ? *reinterpret_cast<const float4*>(part_o + (row_base + s) * D + channel) : zero4();
+  }
+}
+
 template <int D, IoType IO>
 __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
+  using T = CombineTiling<D>;
   const int qh = blockIdx.x, b = blockIdx.y, c = threadIdx.x;
+  const int group = c / T::kChannelThreads, channel = (c % T::kChannelThreads) * T::kChannelsPerThread;
   __shared__ float red[D / 32];
+  __shared__ float4 group_acc[T::kSplitGroups][T::kChannelThreads];
+  __shared__ float group_wsum[T::kSplitGroups];
   extern __shared__ float s_lse[];  // [max_splits + 1]: the valid splits' LSE, else -inf
   const size_t oi = (size_t(b) * a.q_heads + qh) * D + c;
   // The next op (in the decode step the O projection's GEMV, a programmatic dependent) may
@@ -67,38 +107,56 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   const bool bf = lay.bf16_tokens() > 0;
   const int S1 = a.max_splits + 1;
   const size_t base = (size_t(b) * a.q_heads + qh) * S1;
-  // The page splits with work are a prefix 0 .. nsplit - 1; the BF16 part is slot max_splits.
-  // Their partial outputs are loaded with the LSEs, many in flight at once (no branch
-  // between the loads): at short contexts the combine is a chain of memory latencies else.
+  // The page splits with work are a prefix 0 .. nsplit - 1; the BF16 part is slot max_splits
+  // (merged by group 0). The first partials are loaded with the LSEs (no branch between).
   const int nsplit = pps > 0 ? min(splits, (pages + pps - 1) / pps) : 0;
-  constexpr int R = 16;  // partial outputs held in registers; the rest in chunks of 8
-  float v[R];
-#pragma unroll
-  for (int k = 0; k < R; ++k) v[k] = k < nsplit ? a.part_o[(base + k) * D + c] : 0.0f;
-  const float v_bf = bf ? a.part_o[(base + a.max_splits) * D + c] : 0.0f;
-  for (int s = c; s < S1; s += D) s_lse[s] = (s < nsplit || (s == a.max_splits && bf)) ? a.part_lse[base + s] : neg_inf();
-  __syncthreads();
-  float big = bf ? s_lse[a.max_splits] : neg_inf();
-  for (int s = 0; s < nsplit; ++s) big = fmaxf(big, s_lse[s]);
-  MergeState m{big, 0.0f, 0.0f};
-#pragma unroll
-  for (int k = 0; k < R; ++k)
-    if (k < nsplit) m.add(s_lse[k], v[k]);
-  for (int s = R; s < nsplit; s += 8) {
-    float x[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) x[k] = s + k < nsplit ? a.part_o[(base + s + k) * D + c] : 0.0f;
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-      if (s + k < nsplit) m.add(s_lse[s + k], x[k]);
+  float4 o[T::kLoadsInFlight];
+  load_partials<D>(a.part_o, base, group, nsplit, channel, o);
+  const bool adds_bf = bf && group == 0;
+  const float4 o_bf =
+      adds_bf ? *reinterpret_cast<const float4*>(a.part_o + (base + a.max_splits) * D + channel) : zero4();
+  float big = neg_inf();
+  for (int s = c; s < S1; s += D) {
+    const float lse = (s < nsplit || (s == a.max_splits && bf)) ? a.part_lse[base + s] : neg_inf();
+    s_lse[s] = lse;
+    big = fmaxf(big, lse);
   }
-  if (bf) m.add(s_lse[a.max_splits], v_bf);
-  if (!(m.wsum > 0.0f)) {  // no split contributed (a row the control kernel gave no work)
+  big = warp_max_xor(big, 1);
+  if (c % 32 == 0) red[c / 32] = big;
+  __syncthreads();
+  for (int w = 0; w < D / 32; ++w) big = fmaxf(big, red[w]);
+  MergeState4 m{big, 0.0f, zero4()};
+  for (int first = group;; first += T::kSplitGroups * T::kLoadsInFlight) {
+#pragma unroll
+    for (int k = 0; k < T::kLoadsInFlight; ++k) {
+      const int s = first + k * T::kSplitGroups;
+      if (s < nsplit) m.add(s_lse[s], o[k]);
+    }
+    const int next = first + T::kSplitGroups * T::kLoadsInFlight;
+    if (next >= nsplit) break;
+    load_partials<D>(a.part_o, base, next, nsplit, channel, o);
+  }
+  if (adds_bf) m.add(s_lse[a.max_splits], o_bf);
+  // The groups' sums, added in group order by every thread (the same total everywhere).
+  group_acc[group][c % T::kChannelThreads] = m.acc;
+  if (c % T::kChannelThreads == 0) group_wsum[group] = m.wsum;
+  __syncthreads();
+  float wsum = 0.0f;
+  for (int g = 0; g < T::kSplitGroups; ++g) wsum += group_wsum[g];
+  if (!(wsum > 0.0f)) {  // no split contributed (a row the control kernel gave no work)
     store_io<IO>(a.out, oi, 0.0f);
     if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = neg_inf();
     return;
   }
-  store_io<IO>(a.out, oi, m.acc / m.wsum);
+  if (group == 0) {
+    float4 acc = group_acc[0][c];
+    for (int g = 1; g < T::kSplitGroups; ++g) acc = add4(acc, group_acc[g][c]);
+    const size_t o0 = (size_t(b) * a.q_heads + qh) * D + channel;
+    store_io<IO>(a.out, o0 + 0, acc.x / wsum);
+    store_io<IO>(a.out, o0 + 1, acc.y / wsum);
+    store_io<IO>(a.out, o0 + 2, acc.z / wsum);
+    store_io<IO>(a.out, o0 + 3, acc.w / wsum);
+  }
   if (!a.lse) return;
   float shift = 0.0f;
   if (a.mu_k) {
@@ -111,7 +169,7 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
     for (int w = 0; w < D / 32; ++w) tot += red[w];
     shift = tot * rsqrtf(float(D));
   }
-  if (c == 0) a.lse[size_t(b) * a.q_heads + qh] = (big + log2f(m.wsum)) * kLn2 + shift;
+  if (c == 0) a.lse[size_t(b) * a.q_heads + qh] = (big + log2f(wsum)) * kLn2 + shift;
 }
 
 template <int D, IoType IO>

@@ -12,17 +12,16 @@ namespace fp4kv::cache {
 
 // Fewest pages a split covers when the plan cuts a row into splits. A split CTA pays fixed
 // costs (prologue, first-page latency, its partial output and the combine's read of it)
-// that its pages must amortize: about 150 KB of pages for the bandwidth-light kernels (8
-// NVFP4/MXFP4 pages in mixed mode, 4 FP8, 2 BF16 at d = 128), 2 pages for the native FP4
-// kernels, whose pages have the longer latency per CTA (the P quantization sits between
-// the tile maximum and P.V). Measured on the H200 at batch 1 (docs/PERF.md): mixed NVFP4
-// at 4K-16K tokens is fastest with 8 pages per split (up to 1.5x over 2 pages at 16K for
-// Qwen3-30B-A3B's 4 KV heads); native NVFP4 at 4K is 1.1-1.25x slower with 8 pages per
-// split than with 2 (Qwen3-4B 27.5 vs 24.6 us, Qwen3-30B-A3B 30.2 vs 24.2 us).
+// that its pages must amortize: 4 pages in mixed FP4 and FP8 (75-150 KB at d = 128); 2 in
+// BF16 (a page is 4x an FP4 one) and in native FP4, whose pages have the longer latency
+// per CTA (the P quantization sits between the tile maximum and P.V). Measured on the H200 (docs/PERF.md, "The floor on
+// pages per split" and "The combine over splits in parallel"): with the sink/recent CTA
+// and the combine off the critical path, mixed NVFP4/MXFP4 at 4K-16K tokens, batch 1-4, is
+// up to 22 % faster at 4 pages than at 8 (Qwen3-4B nvfp4 4K batch 1: 14.0 vs 17.0 us);
+// native NVFP4 at 4K is 1.1-1.25x slower with 8 pages per split than with 2.
 inline int min_split_pages(const Recipe& r) {
-  if (r.kv == KvFormat::bf16) return 2;
-  if (r.kv == KvFormat::fp8) return 4;
-  return r.native() ? 2 : 8;
+  constexpr int kShortSplitPages = 2, kMixedSplitPages = 4;
+  return r.kv == KvFormat::bf16 || r.native() ? kShortSplitPages : kMixedSplitPages;
 }
 
 // Device pointers; capacity `max_batch` rows. Row r of this step's batch:
