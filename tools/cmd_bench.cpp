@@ -218,7 +218,7 @@ int run_bench(const BenchArgs& A) {
           if (!p.skipped) {
             p.frac = p.tbs / read_tbs;
             if (pr == "bf16") bf16_us = p.us;
-            p.x_bf16 = bf16_us > 0 ? bf16_us / p.us : 0;  // 0: bf16 not among the presets
+            p.x_bf16 = bf16_us > 0 ? bf16_us / p.us : 0;  // 0: no bf16 time for this point
             if (it != sdpa.end()) {
               p.sdpa_us = it->second;
               p.x_sdpa = it->second / p.us;

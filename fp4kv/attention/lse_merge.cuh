@@ -41,9 +41,8 @@ __device__ __forceinline__ float4 add4(const float4& a, const float4& b) {
 // How the combine CTA's D threads share a row's partials: thread c merges the four channels
 // 4 (c % kChannelThreads) .. + 3 of every kSplitGroups-th split, starting at split
 // c / kChannelThreads, kLoadsInFlight partials at a time. A row's partial outputs are then
-// read in ceil(splits / (kSplitGroups kLoadsInFlight)) memory latencies (one for up to 32
-// splits, the first overlapping the LSEs' load): the combine of a long batch-1 row, 32-64
-// splits, is a few latencies, not a chain of one per 8 splits.
+// read in ceil(splits / (kSplitGroups kLoadsInFlight)) memory latencies, the first
+// overlapping the LSEs' load: a long batch-1 row's 32-64 splits cost one or two.
 template <int D>
 struct CombineTiling {
   static constexpr int kChannelsPerThread = 4;  // one float4
@@ -75,7 +74,8 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   __shared__ float4 group_acc[T::kSplitGroups][T::kChannelThreads];
   __shared__ float group_wsum[T::kSplitGroups];
   extern __shared__ float s_lse[];  // [max_splits + 1]: the valid splits' LSE, else -inf
-  const size_t oi = (size_t(b) * a.q_heads + qh) * D + c;
+  const size_t row_head = size_t(b) * a.q_heads + qh;  // index of (row, query head)
+  const size_t oi = row_head * D + c;
   // The next op (in the decode step the O projection's GEMV, a programmatic dependent) may
   // launch now and issue its weight loads while this grid waits for the decode kernel.
   cache::allow_dependents();
@@ -91,13 +91,13 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (err != 0) {
     store_io<IO>(a.out, oi, quiet_nan());
-    if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = quiet_nan();
+    if (a.lse && c == 0) a.lse[row_head] = quiet_nan();
     return;
   }
   const int n = b >= rows ? 0 : n_row;
   if (n <= 0) {
     store_io<IO>(a.out, oi, 0.0f);
-    if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = neg_inf();
+    if (a.lse && c == 0) a.lse[row_head] = neg_inf();
     return;
   }
   const KvFormat f = KvFormat(a.kv_format);
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   const int splits = pages > 0 ? min(row_splits, a.max_splits) : 0;
   const bool bf = lay.bf16_tokens() > 0;
   const int S1 = a.max_splits + 1;
-  const size_t base = (size_t(b) * a.q_heads + qh) * S1;
+  const size_t base = row_head * S1;
   // The page splits with work are a prefix 0 .. nsplit - 1; the BF16 part is slot max_splits
   // (merged by group 0). The first partials are loaded with the LSEs (no branch between).
   const int nsplit = pps > 0 ? min(splits, (pages + pps - 1) / pps) : 0;
@@ -145,13 +145,13 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   for (int g = 0; g < T::kSplitGroups; ++g) wsum += group_wsum[g];
   if (!(wsum > 0.0f)) {  // no split contributed (a row the control kernel gave no work)
     store_io<IO>(a.out, oi, 0.0f);
-    if (a.lse && c == 0) a.lse[size_t(b) * a.q_heads + qh] = neg_inf();
+    if (a.lse && c == 0) a.lse[row_head] = neg_inf();
     return;
   }
   if (group == 0) {
     float4 acc = group_acc[0][c];
     for (int g = 1; g < T::kSplitGroups; ++g) acc = add4(acc, group_acc[g][c]);
-    const size_t o0 = (size_t(b) * a.q_heads + qh) * D + channel;
+    const size_t o0 = row_head * D + channel;
     store_io<IO>(a.out, o0 + 0, acc.x / wsum);
     store_io<IO>(a.out, o0 + 1, acc.y / wsum);
     store_io<IO>(a.out, o0 + 2, acc.z / wsum);
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
     for (int w = 0; w < D / 32; ++w) tot += red[w];
     shift = tot * rsqrtf(float(D));
   }
-  if (c == 0) a.lse[size_t(b) * a.q_heads + qh] = (big + log2f(wsum)) * kLn2 + shift;
+  if (c == 0) a.lse[row_head] = (big + log2f(wsum)) * kLn2 + shift;
 }
 
 template <int D, IoType IO>

@@ -14,11 +14,12 @@ namespace fp4kv::cache {
 // costs (prologue, first-page latency, its partial output and the combine's read of it)
 // that its pages must amortize: 4 pages in mixed FP4 and FP8 (75-150 KB at d = 128); 2 in
 // BF16 (a page is 4x an FP4 one) and in native FP4, whose pages have the longer latency
-// per CTA (the P quantization sits between the tile maximum and P.V). Measured on the H200 (docs/PERF.md, "The floor on
-// pages per split" and "The combine over splits in parallel"): with the sink/recent CTA
-// and the combine off the critical path, mixed NVFP4/MXFP4 at 4K-16K tokens, batch 1-4, is
-// up to 22 % faster at 4 pages than at 8 (Qwen3-4B nvfp4 4K batch 1: 14.0 vs 17.0 us);
-// native NVFP4 at 4K is 1.1-1.25x slower with 8 pages per split than with 2.
+// per CTA (the P quantization sits between the tile maximum and P.V). Measured on the H200
+// (docs/PERF.md, "The floor on pages per split" and "The combine over splits in
+// parallel"): with the sink/recent CTA and the combine off the critical path, mixed
+// NVFP4/MXFP4 at 4K-16K tokens, batch 1-4, is up to 22 % faster at 4 pages than at 8
+// (Qwen3-4B nvfp4 4K batch 1: 14.0 vs 17.0 us); native NVFP4 at 4K is 1.1-1.25x slower
+// with 8 pages per split than with 2.
 inline int min_split_pages(const Recipe& r) {
   constexpr int kShortSplitPages = 2, kMixedSplitPages = 4;
   return r.kv == KvFormat::bf16 || r.native() ? kShortSplitPages : kMixedSplitPages;
