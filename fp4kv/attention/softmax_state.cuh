@@ -84,12 +84,17 @@ struct SoftmaxState {
 // red_max[buf][head][warp]. Mixed mode applies one factor per column and page, g of the
 // query x (kfac x gamma); FP4 P (native) keeps the reference's order, ((acc1 g1 + acc2 g2)
 // kfac) gamma: its E2M1 rounding of p turns an ulp of difference into a code flip.
+// Only a row's first page (the masked sink copy) and last page (partial) mask keys: with
+// 16-bit P the test is once per page (warp-uniform, so full pages skip the per-key compares:
+// 1-2 % at long context); the FP4-P kernels keep the per-key select, which their register
+// allocation prefers (the per-page test cost them 1-3 %).
 template <class K>
 __device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], float kfac, float gamma, int first,
                                             int end, int buf, int warp, const SlotMap<K>& map,
                                             const SoftmaxState<K>& st, float* red_max, float (&sv)[K::NSL][2],
                                             float (&wm)[K::NSL]) {
   const float kg = __fmul_rn(kfac, gamma);
+  const bool masked_page = first > 0 || end < kPageTokens;
 #pragma unroll
   for (int sl = 0; sl < K::NSL; ++sl) {
     const int h = map.sm_head(sl);
@@ -97,7 +102,6 @@ __device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], fl
     // Columns of heads >= G need no mask: their maxima and P are never used.
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      const int key = 16 * warp + c_frag_row(map.lane, 2 * rr);
       float x;
       if constexpr (K::T == 2) {
         x = __fadd_rn(__fmul_rn(acc2[0][sl][2 * rr] + acc2[1][sl][2 * rr], f0),
@@ -105,11 +109,35 @@ __device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], fl
       } else {
         x = __fmul_rn(acc2[0][sl / 2][2 * rr + sl % 2] + acc2[1][sl / 2][2 * rr + sl % 2], f0);
       }
-      if constexpr (K::kPFp4) x = __fmul_rn(__fmul_rn(x, kfac), gamma);
-      sv[sl][rr] = (key >= first && key < end) ? x : neg_inf();
+      if constexpr (K::kPFp4) {
+        x = __fmul_rn(__fmul_rn(x, kfac), gamma);
+        const int key = 16 * warp + c_frag_row(map.lane, 2 * rr);
+        sv[sl][rr] = (key >= first && key < end) ? x : neg_inf();
+      } else {
+        sv[sl][rr] = x;
+      }
     }
-    wm[sl] = warp_max_xor(fmaxf(sv[sl][0], sv[sl][1]), 4);
-    if (map.lane < 4 && h < map.G) red_max[(buf * kMaxG + h) * kWarps + warp] = wm[sl];
+    if constexpr (K::kPFp4) {
+      wm[sl] = warp_max_xor(fmaxf(sv[sl][0], sv[sl][1]), 4);
+      if (map.lane < 4 && h < map.G) red_max[(buf * kMaxG + h) * kWarps + warp] = wm[sl];
+    }
+  }
+  if constexpr (!K::kPFp4) {
+    if (masked_page) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int key = 16 * warp + c_frag_row(map.lane, 2 * rr);
+        if (key < first || key >= end)
+#pragma unroll
+          for (int sl = 0; sl < K::NSL; ++sl) sv[sl][rr] = neg_inf();
+      }
+    }
+#pragma unroll
+    for (int sl = 0; sl < K::NSL; ++sl) {
+      const int h = map.sm_head(sl);
+      wm[sl] = warp_max_xor(fmaxf(sv[sl][0], sv[sl][1]), 4);
+      if (map.lane < 4 && h < map.G) red_max[(buf * kMaxG + h) * kWarps + warp] = wm[sl];
+    }
   }
 }
 
