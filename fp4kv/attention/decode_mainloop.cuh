@@ -252,6 +252,22 @@ struct PageLoopInputs {
   __device__ __forceinline__ ProbRule prob_rule() const { return ProbRule{a}; }
 };
 
+// The stages of pages it, it - 1 and it - 2 in a ring of NS stages, and the parity of page
+// it's pass over its stage's mbarrier, (it / NS) & 1: counters advanced once per page
+// instead of three divisions by NS per page.
+template <int NS>
+struct StageRing {
+  static_assert(NS >= 3, "bulk page streams keep NS - 2 pages in flight");
+  int cur = 0, prev = NS - 1, prev2 = NS - 2;
+  uint32_t parity = 0;
+  __device__ __forceinline__ void advance() {
+    prev2 = prev;
+    prev = cur;
+    cur = cur + 1 == NS ? 0 : cur + 1;
+    if (cur == 0) parity ^= 1u;
+  }
+};
+
 // Bulk pages (FP4, FP8). Iteration it: wait for page it (mbarrier), S of page it, one
 // barrier (publishes the tile maxima of page it and P of page it - 1, and frees the stage
 // of page it - 2, which the next bulk copy refills with page it + NS - 2), then P.V of page
@@ -275,11 +291,11 @@ __device__ __forceinline__ void bulk_page_loop(const PageLoopInputs<K>& in, int 
   vo.p_addr = smem_u32(sm.ps) + ((lane % 8) * kPsStride + (vo.ks0 + lane / 16) * 16 + ((lane / 8) % 2) * 8) * 2;
   int blk_next = (tid == 0 && NS < src.npg) ? __ldg(src.btab + src.p_begin + NS) : 0;
   float alpha_prev[NSLP], fac_prev[NSLP];
+  StageRing<NS> ring;
 
-  for (int it = 0; it < src.npg; ++it) {
-    const int s = it % NS;
-    mbar_wait(sm.bar0 + 8 * s, uint32_t(it / NS) & 1u);
-    const uint8_t* stage = sm.base + s * P::STAGE;
+  for (int it = 0; it < src.npg; ++it, ring.advance()) {
+    mbar_wait(sm.bar0 + 8 * ring.cur, ring.parity);
+    const uint8_t* stage = sm.base + ring.cur * P::STAGE;
     const int pg = src.p_begin + it;
     const int first = src.first_key(pg), end = src.valid_tokens(pg);
     const int buf = it & 1;
@@ -291,17 +307,17 @@ __device__ __forceinline__ void bulk_page_loop(const PageLoopInputs<K>& in, int 
     key_product<K>(stage, warp, lane, in.q, acc2);
     page_logits<K>(acc2, kfac, in.a.gamma, first, end, buf, warp, in.map, st, sm.red_max, sv, wm);
     __syncthreads();
-    if (tid == 0 && it >= 2 && it + NS - 2 < src.npg) {
-      const int ns = (it + NS - 2) % NS;
+    if (tid == 0 && it >= 2 && it + NS - 2 < src.npg) {  // refill the stage of page it - 2
+      const int ns = ring.prev2;
       bulk_copy_to_shared(smem_u32(sm.base + ns * P::STAGE), src.block(blk_next), P::STAGE, sm.bar0 + 8 * ns);
       if (it + NS - 1 < src.npg) blk_next = __ldg(src.btab + src.p_begin + it + NS - 1);
     }
-    if (it > 0) value_product<K>(sm.base + ((it - 1) % NS) * P::STAGE, buf ^ 1, vo, alpha_prev, fac_prev, acc);
+    if (it > 0) value_product<K>(sm.base + ring.prev * P::STAGE, buf ^ 1, vo, alpha_prev, fac_prev, acc);
     softmax_page<K>(buf, sv, wm, vfac, sm.ps + buf * (PSW * 2), warp, in.map, in.prob_rule(), sm.red_max, st, alpha_prev,
                     fac_prev);
   }
   __syncthreads();  // P of the last page visible
-  value_product<K>(sm.base + ((src.npg - 1) % NS) * P::STAGE, (src.npg - 1) & 1, vo, alpha_prev, fac_prev, acc);
+  value_product<K>(sm.base + ring.prev * P::STAGE, (src.npg - 1) & 1, vo, alpha_prev, fac_prev, acc);  // page npg - 1
 }
 
 // BF16 pages: cp.async stages; every warp does P.V of its own 16 keys into all channels.
