@@ -79,6 +79,15 @@ struct SoftmaxState {
   }
 };
 
+// Slot sl's maximum over the warp's 16 keys, and its head's entry of red_max[buf][head][warp].
+template <class K>
+__device__ __forceinline__ void publish_warp_max(const float (&sv)[K::NSL][2], int sl, int buf, int warp,
+                                                 const SlotMap<K>& map, float* red_max, float (&wm)[K::NSL]) {
+  const int h = map.sm_head(sl);
+  wm[sl] = warp_max_xor(fmaxf(sv[sl][0], sv[sl][1]), 4);
+  if (map.lane < 4 && h < map.G) red_max[(buf * kMaxG + h) * kWarps + warp] = wm[sl];
+}
+
 // A page's logits of the warp's 16 keys (base 2: gamma = log2 e / sqrt(d)) per softmax slot
 // and row half, keys outside [first, end) masked to -inf, the warp maxima into
 // red_max[buf][head][warp]. Mixed mode applies one factor per column and page, g of the
@@ -97,7 +106,6 @@ __device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], fl
   const bool masked_page = first > 0 || end < kPageTokens;
 #pragma unroll
   for (int sl = 0; sl < K::NSL; ++sl) {
-    const int h = map.sm_head(sl);
     const float f0 = K::kPFp4 ? st.gf0[sl] : __fmul_rn(st.gf0[sl], kg);
     // Columns of heads >= G need no mask: their maxima and P are never used.
 #pragma unroll
@@ -117,10 +125,7 @@ __device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], fl
         sv[sl][rr] = x;
       }
     }
-    if constexpr (K::kPFp4) {
-      wm[sl] = warp_max_xor(fmaxf(sv[sl][0], sv[sl][1]), 4);
-      if (map.lane < 4 && h < map.G) red_max[(buf * kMaxG + h) * kWarps + warp] = wm[sl];
-    }
+    if constexpr (K::kPFp4) publish_warp_max<K>(sv, sl, buf, warp, map, red_max, wm);
   }
   if constexpr (!K::kPFp4) {
     if (masked_page) {
@@ -133,11 +138,7 @@ __device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], fl
       }
     }
 #pragma unroll
-    for (int sl = 0; sl < K::NSL; ++sl) {
-      const int h = map.sm_head(sl);
-      wm[sl] = warp_max_xor(fmaxf(sv[sl][0], sv[sl][1]), 4);
-      if (map.lane < 4 && h < map.G) red_max[(buf * kMaxG + h) * kWarps + warp] = wm[sl];
-    }
+    for (int sl = 0; sl < K::NSL; ++sl) publish_warp_max<K>(sv, sl, buf, warp, map, red_max, wm);
   }
 }
 
