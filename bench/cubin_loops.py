@@ -10,20 +10,44 @@ cubin's ELF sections directly: one 16-byte word per SASS instruction, the opcode
 was checked against cuobjdump on the H200 (docs/PERF.md): the three counts below equal
 bench/sass_count.py's for every decode kernel.
 
+  python3 bench/cubin_loops.py --hist A.cubin
+
 Per kernel it prints the whole function's instructions and the three loops sass_count.py
 reports: the "page loop" (the first backward branch whose body holds the most HMMAs; code
 ptxas lays out inside it counts too), the smallest loop with as many HMMAs, and the
 innermost loop with any HMMA. With two cubins (a base and a new build of the same
 instantiation unit, e.g. `nvcc -cubin` of build/fp4kv/attention/instances/*.cu with the
 flags in CMakeLists.txt) it pairs the kernels by template arguments and marks every count
-that grew."""
+that grew. With --hist, the opcode histogram of each kernel's innermost MMA loop."""
 import re
 import struct
 import sys
+from collections import Counter
 
 from sass_count import pick_page_loops, span_len
 
 OP_BRA, OP_HMMA = 0x947, 0x23C
+# Mnemonics of the opcodes (bits 0..11) the decode kernels' page loops use, read off
+# `cuobjdump --dump-sass` of sm_90a decode kernels on the H200 (2026-12-03: 93 opcodes, each
+# mapping to one mnemonic); --hist prints a loop's histogram with them, hex for any other.
+OPCODE_NAMES = {
+    0x202: "MOV", 0x207: "SEL", 0x208: "FSEL", 0x209: "FMNMX", 0x20B: "FSETP", 0x20C: "ISETP",
+    0x210: "IADD3", 0x211: "LEA", 0x212: "LOP3", 0x219: "SHF", 0x220: "FMUL", 0x221: "FADD",
+    0x223: "FFMA", 0x224: "IMAD", 0x225: "IMAD", 0x232: "HMUL2", 0x23C: "HMMA", 0x23E: "F2FP",
+    0x245: "I2FP", 0x291: "ULEA", 0x2CA: "R2UR", 0x300: "FLO", 0x302: "FCHK", 0x305: "F2I",
+    0x306: "I2F", 0x308: "MUFU", 0x348: "WARPSYNC", 0x388: "STS", 0x389: "SHFL", 0x3BA: "UBLKCP",
+    0x421: "FADD", 0x423: "FFMA", 0x424: "IMAD", 0x5A7: "SYNCS", 0x802: "MOV", 0x804: "R2P",
+    0x805: "CS2R", 0x806: "VOTE", 0x807: "SEL", 0x808: "FSEL", 0x809: "FMNMX", 0x80B: "FSETP",
+    0x80C: "ISETP", 0x810: "IADD3", 0x811: "LEA", 0x812: "LOP3", 0x816: "PRMT", 0x819: "SHF",
+    0x81C: "PLOP3", 0x820: "FMUL", 0x823: "FFMA", 0x824: "IMAD", 0x825: "IMAD", 0x827: "IMAD",
+    0x82F: "ELECT", 0x836: "VIADD", 0x83B: "LDSM", 0x848: "VIMNMX", 0x882: "UMOV", 0x890: "UIADD3",
+    0x899: "USHF", 0x8A4: "UIMAD", 0x902: "FCHK", 0x918: "NOP", 0x919: "S2R", 0x91A: "DEPBAR",
+    0x91B: "ENDCOLLECTIVE", 0x941: "BSYNC", 0x944: "CALL", 0x945: "BSSY", 0x947: "BRA",
+    0x948: "WARPSYNC", 0x94D: "EXIT", 0x981: "LDG", 0x984: "LDS", 0x986: "STG", 0x9A7: "SYNCS",
+    0x9C3: "S2UR", 0xAB9: "ULDC", 0xB1D: "BAR", 0xB82: "LDC", 0xC02: "MOV", 0xC0C: "ISETP",
+    0xC10: "IADD3", 0xC11: "LEA", 0xC20: "FMUL", 0xC24: "IMAD", 0xC25: "IMAD", 0xC36: "VIADD",
+    0xC82: "UMOV", 0xE21: "FADD", 0xE24: "IMAD", 0xF89: "SHFL",
+}
 
 
 def text_sections(path):
@@ -66,6 +90,21 @@ def loop_counts(code):
     return len(ins), tuple(span_len(l) for l in pick_page_loops(loops))
 
 
+def innermost_hist(code):
+    """Opcode histogram of the innermost loop with an MMA (mnemonics from OPCODE_NAMES)."""
+    ins = [int.from_bytes(code[i : i + 16], "little") for i in range(0, len(code), 16)]
+    best = None
+    for i, w in enumerate(ins):
+        if w & 0xFFF == OP_BRA:
+            t = branch_target(i, w)
+            if t < i and any(x & 0xFFF == OP_HMMA for x in ins[t : i + 1]) and (best is None or i - t < best[1] - best[0]):
+                best = (t, i)
+    if best is None:
+        return None
+    names = [OPCODE_NAMES.get(x & 0xFFF, f"0x{x & 0xFFF:03X}") for x in ins[best[0] : best[1] + 1]]
+    return Counter(names)
+
+
 def kernels(path):
     """{template arguments after the format: counts} of the decode kernels of a cubin."""
     out = {}
@@ -78,6 +117,12 @@ def kernels(path):
 
 
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--hist":
+        for name, code in sorted(text_sections(sys.argv[2]).items()):
+            if "decode_kernel" in name and (h := innermost_hist(code)):
+                print(f"{name}: {sum(h.values())} instructions")
+                print("  " + ", ".join(f"{k} {v}" for k, v in h.most_common()))
+        return
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
     a = kernels(sys.argv[1])
