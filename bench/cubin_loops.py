@@ -75,9 +75,14 @@ def branch_target(i, word):
     return i + 1 + words // 4
 
 
-def loop_counts(code):
-    ins = [int.from_bytes(code[i : i + 16], "little") for i in range(0, len(code), 16)]
-    loops = []  # (HMMA count, first, last) of every backward branch with an MMA in its body
+def instructions(code):
+    """The 128-bit instruction words of a .text section."""
+    return [int.from_bytes(code[i : i + 16], "little") for i in range(0, len(code), 16)]
+
+
+def mma_loops(ins):
+    """(HMMA count, first, last) of every backward branch with an MMA in its body."""
+    loops = []
     for i, w in enumerate(ins):
         if w & 0xFFF == OP_BRA:
             t = branch_target(i, w)
@@ -85,6 +90,12 @@ def loop_counts(code):
                 h = sum(1 for x in ins[t : i + 1] if x & 0xFFF == OP_HMMA)
                 if h:
                     loops.append((h, t, i))
+    return loops
+
+
+def loop_counts(code):
+    ins = instructions(code)
+    loops = mma_loops(ins)
     if not loops:
         return len(ins), None
     return len(ins), tuple(span_len(l) for l in pick_page_loops(loops))
@@ -92,17 +103,12 @@ def loop_counts(code):
 
 def innermost_hist(code):
     """Opcode histogram of the innermost loop with an MMA (mnemonics from OPCODE_NAMES)."""
-    ins = [int.from_bytes(code[i : i + 16], "little") for i in range(0, len(code), 16)]
-    best = None
-    for i, w in enumerate(ins):
-        if w & 0xFFF == OP_BRA:
-            t = branch_target(i, w)
-            if t < i and any(x & 0xFFF == OP_HMMA for x in ins[t : i + 1]) and (best is None or i - t < best[1] - best[0]):
-                best = (t, i)
-    if best is None:
+    ins = instructions(code)
+    loops = mma_loops(ins)
+    if not loops:
         return None
-    names = [OPCODE_NAMES.get(x & 0xFFF, f"0x{x & 0xFFF:03X}") for x in ins[best[0] : best[1] + 1]]
-    return Counter(names)
+    _, first, last = pick_page_loops(loops)[2]
+    return Counter(OPCODE_NAMES.get(x & 0xFFF, f"0x{x & 0xFFF:03X}") for x in ins[first : last + 1])
 
 
 def kernels(path):
