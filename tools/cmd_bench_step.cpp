@@ -88,8 +88,8 @@ int run_bench_step(const StepBenchArgs& A) {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("%s on %s: weights %.2f GB, read %.2f TB/s -> weight-read floor %.0f us per step\n", A.model.c_str(),
               prop.name, w.bytes() / 1e9, read_tbs, floor_us);
-  std::printf("%-14s %7s %5s %10s %10s %7s %9s %9s %9s %9s %8s\n", "preset", "ctx", "batch", "graph_us", "eager_us",
-              "x_floor", "gemm_us", "attn_us", "cache_us", "other_us", "KV_GB");
+  std::printf("%-14s %7s %5s %10s %10s %7s %9s %9s %9s %9s %9s %8s\n", "preset", "ctx", "batch", "graph_us", "eager_us",
+              "x_floor", "gemm_us", "attn_us", "cache_us", "coll_us", "other_us", "KV_GB");
   nlohmann::json j;
   j["model"] = A.model;
   j["device"] = prop.name;
@@ -97,7 +97,7 @@ int run_bench_step(const StepBenchArgs& A) {
   j["weight_bytes"] = double(w.bytes());
   j["weight_floor_us"] = floor_us;
   std::string md = "| preset | context | batch | step (graph) us | eager us | / weight floor | GEMM us | attention us | "
-                   "cache us | other us | KV GB |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+                   "cache us | collectives us | other us | KV GB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (int ctx : positive_ints(A.contexts, "--contexts"))
     for (int batch : positive_ints(A.batches, "--batches"))
       for (const std::string& preset : split_csv(A.presets)) {
@@ -107,7 +107,7 @@ int run_bench_step(const StepBenchArgs& A) {
         if (!p.ran) {
           e["note"] = p.note;
           std::printf("%-14s %7d %5d  %s\n", p.preset.c_str(), ctx, batch, p.note.c_str());
-          std::snprintf(line, sizeof line, "| %s | %d | %d | %s | | | | | | | %.1f |\n", p.preset.c_str(), ctx, batch,
+          std::snprintf(line, sizeof line, "| %s | %d | %d | %s | | | | | | | | %.1f |\n", p.preset.c_str(), ctx, batch,
                         p.note.c_str(), p.cache_gb);
         } else {
           e["graph_us"] = p.graph_us;
@@ -115,12 +115,16 @@ int run_bench_step(const StepBenchArgs& A) {
           e["x_floor"] = p.graph_us / floor_of(batch);
           for (int k = 0; k < engine::kStepParts; ++k)
             e[std::string(engine::step_part_name(engine::StepPart(k))) + "_us"] = p.parts.us[k];
-          std::printf("%-14s %7d %5d %10.1f %10.1f %7.2f %9.1f %9.1f %9.1f %9.1f %8.1f\n", p.preset.c_str(), ctx, batch,
-                      p.graph_us, p.eager_us, p.graph_us / floor_of(batch), p.parts.us[0], p.parts.us[1], p.parts.us[2],
-                      p.parts.us[3], p.cache_gb);
-          std::snprintf(line, sizeof line, "| %s | %d | %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-                        p.preset.c_str(), ctx, batch, p.graph_us, p.eager_us, p.graph_us / floor_of(batch), p.parts.us[0],
-                        p.parts.us[1], p.parts.us[2], p.parts.us[3], p.cache_gb);
+          auto part = [&p](engine::StepPart k) { return p.parts.us[int(k)]; };
+          using engine::StepPart;
+          std::printf("%-14s %7d %5d %10.1f %10.1f %7.2f %9.1f %9.1f %9.1f %9.1f %9.1f %8.1f\n", p.preset.c_str(), ctx,
+                      batch, p.graph_us, p.eager_us, p.graph_us / floor_of(batch), part(StepPart::gemm),
+                      part(StepPart::attention), part(StepPart::cache), part(StepPart::collective),
+                      part(StepPart::other), p.cache_gb);
+          std::snprintf(line, sizeof line, "| %s | %d | %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                        p.preset.c_str(), ctx, batch, p.graph_us, p.eager_us, p.graph_us / floor_of(batch),
+                        part(StepPart::gemm), part(StepPart::attention), part(StepPart::cache),
+                        part(StepPart::collective), part(StepPart::other), p.cache_gb);
         }
         std::fflush(stdout);
         md += line;

@@ -24,6 +24,7 @@
 #ifdef FP4KV_HAVE_CUDA
 #include "fp4kv/engine/gpu_generator.h"
 #include "fp4kv/engine/gpu_weights.h"
+#include "fp4kv/engine/tensor_parallel_model.h"
 #endif
 
 namespace fp4kv::cli {
@@ -80,23 +81,32 @@ int generate_on_cpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
 
 #ifdef FP4KV_HAVE_CUDA
 int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>& prompt) {
-  const engine::GpuWeights w = engine::GpuWeights::from_spec(a.model);
+  model::Qwen3Config config;
+  require(model_config_of(a.model, &config), "--model: '" + a.model + "' is neither a checkpoint directory nor NAME:random");
+  std::string shape;
+  const bool random = engine::is_random_model_spec(a.model, &shape);
   std::unique_ptr<eval::Calibration> cal;
-  if (w.is_random()) {
+  if (random) {
+    config.max_position_embeddings = 0;  // as GpuWeights::random: speed work runs any context
     std::fprintf(stderr, "[fp4kv generate] %s: random weights (speed only: the text is noise), keys not smoothed\n",
                  a.model.c_str());
   } else {
-    model::require_byte_tokenizer(w.config(), a.model);
-    cal = eval::calibration_for_recipe(&recipe, a.model, a.calibration, w.config(), {});
+    model::require_byte_tokenizer(config, a.model);
+    cal = eval::calibration_for_recipe(&recipe, a.model, a.calibration, config, {});
   }
-  engine::check_generate_options(w.config(), prompt, a.options);
-  engine::GpuModelOptions o;
-  o.max_batch = 1;
-  o.max_context = int(prompt.size()) + a.options.max_tokens;
-  o.prefill_chunk = engine::prefill_chunk_for(w.config(), a.prefill_chunk);  // the tensor-core prefill
-  engine::GpuModel gpu(w, recipe, cal ? cal->mu_k.data() : nullptr, o);
-  const engine::GenerateStats s = engine::generate_on_gpu(gpu, prompt, a.options, print_token);
-  print_stats("cuda", recipe, s);
+  engine::check_generate_options(config, prompt, a.options);
+  engine::TensorParallelSpec spec;
+  spec.model = a.model;
+  spec.recipe = recipe;
+  if (cal) spec.mu_k = cal->mu_k;
+  spec.options.max_batch = 1;
+  spec.options.max_context = int(prompt.size()) + a.options.max_tokens;
+  spec.options.prefill_chunk = engine::prefill_chunk_for(config, a.prefill_chunk);  // the tensor-core prefill
+  const engine::LoadedStepModel gpu = engine::load_step_model(spec, a.tensor_parallel);
+  const engine::GenerateStats s = engine::generate_on_gpu(*gpu.model, prompt, a.options, print_token);
+  const std::string device =
+      a.tensor_parallel > 1 ? "cuda (" + std::to_string(a.tensor_parallel) + " GPUs, tensor parallel)" : "cuda";
+  print_stats(device.c_str(), recipe, s);
   return 0;
 }
 #endif
@@ -104,7 +114,7 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
 int run_generate(const GenerateArgs& a) {
   require(a.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got " + std::to_string(a.prefill_chunk));
   const bool gpu = use_gpu(a.device);
-  require_one_rank(a.tensor_parallel, a.model);
+  check_tensor_parallel(a.tensor_parallel, a.model, gpu);
   const Recipe recipe = parse_recipe(a.kv);
   const std::string text = read_prompt(a);
   require(!text.empty(), "the prompt is empty");

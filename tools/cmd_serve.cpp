@@ -84,9 +84,11 @@ Served load_engine(const ServeArgs& a, bool gpu, Loaded& loaded) {
 #ifdef FP4KV_HAVE_CUDA
   if (gpu) {
     serve::GpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, a.kv_memory_mib * kMiB,
-                               a.gpu_memory_utilization, a.prefill_chunk};
+                               a.gpu_memory_utilization, a.prefill_chunk, a.tensor_parallel};
     serve::GpuServing& s = loaded.gpu.emplace(serve::load_gpu_serving(setup));
-    return Served{s.engine.get(), &s.codec, &s.limits, s.recipe.name, "cuda", s.capacity, s.kv_budget_bytes};
+    const std::string device =
+        a.tensor_parallel > 1 ? "cuda (" + std::to_string(a.tensor_parallel) + " GPUs, tensor parallel; KV capacity per GPU)" : "cuda";
+    return Served{s.engine.get(), &s.codec, &s.limits, s.recipe.name, device, s.capacity, s.kv_budget_bytes};
   }
 #endif
   (void)gpu;
@@ -118,7 +120,7 @@ void load_and_attach(const ServeArgs& a, bool gpu, Loaded& loaded, serve::HttpSe
 
 int run_serve(ServeArgs& a) {
   const bool gpu = use_gpu(a.device);
-  require_one_rank(a.tensor_parallel, a.model_dir);
+  check_tensor_parallel(a.tensor_parallel, a.model_dir, gpu);
   require(a.max_batch >= 1, "--max-batch must be >= 1, got " + std::to_string(a.max_batch));
   require(a.kv_memory_mib >= 0, "--kv-memory-mib must be >= 0, got " + std::to_string(a.kv_memory_mib));
   require(a.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got " + std::to_string(a.prefill_chunk));

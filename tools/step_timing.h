@@ -20,7 +20,7 @@ inline constexpr int kWarmupSteps = 3;
 inline constexpr uint64_t kFillSeed = 7;
 
 // Median of `runs` steps of `rows`, each bracketed by CUDA events on the model's stream.
-inline double median_step_us(engine::GpuModel& m, const engine::StepRows& rows, int runs) {
+inline double median_step_us(engine::StepModel& m, const engine::StepRows& rows, int runs) {
   std::vector<cudaEvent_t> ev(2 * size_t(runs));
   for (auto& e : ev) cache::cuda_check(cudaEventCreate(&e), "bench: event");
   for (int i = 0; i < runs; ++i) {
@@ -38,7 +38,7 @@ inline double median_step_us(engine::GpuModel& m, const engine::StepRows& rows, 
 
 // `batch` requests at `context` tokens each, request r owning blocks [r * pages, (r + 1) * pages);
 // each row feeds token 1 at position `context` (seq_len context + 1).
-inline engine::StepRows rows_at(const engine::GpuModel& m, int batch, int context) {
+inline engine::StepRows rows_at(const engine::StepModel& m, int batch, int context) {
   return engine::consecutive_rows(batch, m.max_pages(), context + 1, /*token=*/1);
 }
 

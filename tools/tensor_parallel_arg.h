@@ -1,8 +1,8 @@
-// `--tensor-parallel N` of generate, serve and bench e2e: the model split over N GPUs of a host
-// (model/tensor_parallel.h: heads, KV heads, MLP channels, experts and vocabulary divided by
-// N, partial sums all-reduced over NCCL). This version's engines run one GPU: N = 1 runs; for
-// N > 1 the model is checked first (what does not divide is named) and the run is refused
-// with the reason, never silently run on one GPU.
+// `--tensor-parallel N` of generate, serve and bench e2e: the model split over GPUs 0 .. N-1
+// of this host (engine/tensor_parallel_model.h: heads, KV heads, MLP channels, experts and
+// vocabulary divided by N, partial sums all-reduced over NCCL). Checked before anything
+// loads: N >= 1; for N > 1 a model that divides by N (what does not is named), the GPU engine
+// (not --device cpu), NCCL in the build and N visible GPUs; each refusal says why.
 #pragma once
 
 #include <filesystem>
@@ -12,6 +12,9 @@
 #include "fp4kv/model/qwen3_config.h"
 #include "fp4kv/model/tensor_parallel.h"
 #ifdef FP4KV_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "fp4kv/engine/device_collective.h"
 #include "fp4kv/engine/gpu_weights.h"
 #endif
 
@@ -34,7 +37,8 @@ inline bool model_config_of(const std::string& spec, model::Qwen3Config* config)
   return false;
 }
 
-inline void require_one_rank(int ranks, const std::string& model_spec) {
+// `on_gpu`: whether the command runs the GPU engine.
+inline void check_tensor_parallel(int ranks, const std::string& model_spec, bool on_gpu) {
   require(ranks >= 1, "--tensor-parallel: " + std::to_string(ranks) + " ranks (at least 1)");
   if (ranks == 1) return;
   const std::string flag = "--tensor-parallel " + std::to_string(ranks);
@@ -46,12 +50,14 @@ inline void require_one_rank(int ranks, const std::string& model_spec) {
       throw Error(flag + ": " + model_spec + " cannot be split: " + e.what());
     }
   }
-#ifdef FP4KV_HAVE_NCCL
-  throw Error(flag + ": this version's GPU engine runs on one GPU (the multi-GPU decode step over NCCL is not "
-              "built yet); run without --tensor-parallel");
-#else
-  throw Error(flag + ": tensor parallelism runs the GPU engine over NCCL, and this build has no NCCL (it was not "
-              "found at configure time); run without --tensor-parallel");
+  require(on_gpu, flag + ": tensor parallelism splits the GPU engine over GPUs; the CPU engine runs on one machine");
+#ifdef FP4KV_HAVE_CUDA
+  require(engine::have_nccl(), flag + ": tensor parallelism runs over NCCL, and this build has no NCCL (it was not "
+                                      "found at configure time); run without --tensor-parallel");
+  int visible = 0;
+  if (cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
+  require(visible >= ranks,
+          flag + ": needs " + std::to_string(ranks) + " GPUs, " + std::to_string(visible) + " visible");
 #endif
 }
 

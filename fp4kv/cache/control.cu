@@ -17,6 +17,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "fp4kv/cache/cuda_check.h"
+#include "fp4kv/cache/once_per_device.h"
 #include "fp4kv/cache/device_common.cuh"
 #include "fp4kv/cache/split_plan.h"
 #include "fp4kv/core/error.h"
@@ -258,10 +259,15 @@ __global__ void release_kernel(const CacheDims dims, const CacheMem mem, int32_t
 
 }  // namespace
 
+namespace {
+cudaError_t set_control_kernel_smem() {
+  return cudaFuncSetAttribute(control_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(control_smem_bytes(kControlMaxSlots, kControlMaxRows)));
+}
+}  // namespace
+
 void prepare_control_kernel() {
-  static const cudaError_t attr = cudaFuncSetAttribute(control_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       int(control_smem_bytes(kControlMaxSlots, kControlMaxRows)));
-  cuda_check(attr, "control kernel: reserve shared memory");
+  cuda_check(once_per_device<set_control_kernel_smem>(), "control kernel: reserve shared memory");
 }
 
 void launch_claim_prefill_slot(const CacheDims& dims, const CacheMem& mem, const int32_t* block_row,

@@ -13,6 +13,7 @@
 #include <climits>
 
 #include "fp4kv/cache/cuda_check.h"
+#include "fp4kv/cache/once_per_device.h"
 #include "fp4kv/cache/device_common.cuh"
 #include "fp4kv/cache/page_block_quant.cuh"
 #include "fp4kv/core/block_quant.h"
@@ -356,13 +357,17 @@ __global__ void __launch_bounds__(kThreads, (PageTraits<D, F>::kMinBlocks)) page
   }
 }
 
-// Raises the kernel's dynamic shared memory limit once per process (KvCache's constructor
+template <int D, KvFormat F>
+cudaError_t set_page_kernel_smem() {
+  return cudaFuncSetAttribute(page_kernel<D, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              PageTraits<D, F>::smem_bytes);
+}
+
+// Raises the kernel's dynamic shared memory limit once per device (KvCache's constructor
 // does it, so that no attribute call happens while a stream is being captured).
 template <int D, KvFormat F>
 void prepare_t() {
-  static const cudaError_t attr = cudaFuncSetAttribute(page_kernel<D, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       PageTraits<D, F>::smem_bytes);
-  cuda_check(attr, "cache page kernel: reserve shared memory");
+  cuda_check(once_per_device<set_page_kernel_smem<D, F>>(), "cache page kernel: reserve shared memory");
 }
 
 template <int D, KvFormat F>

@@ -6,7 +6,7 @@
 
 namespace fp4kv::engine {
 
-GpuBackend::GpuBackend(GpuModel& model, bool synthetic_prefill)
+GpuBackend::GpuBackend(StepModel& model, bool synthetic_prefill)
     : model_(model), synthetic_prefill_(synthetic_prefill), blocks_(model.num_blocks()) {}
 
 void GpuBackend::append_table(uint64_t request, std::vector<int32_t>& tables) const {

@@ -25,7 +25,7 @@ class GpuBackend : public Backend {
   // cache through its real quantization path (GpuModel::fill_random_tokens) instead of their
   // forward passes; the last token runs as a real step, so decoding, the block pool, the
   // slots and preemption behave as in serving. The generated text is then noise.
-  explicit GpuBackend(GpuModel& model, bool synthetic_prefill = false);
+  explicit GpuBackend(StepModel& model, bool synthetic_prefill = false);
 
   int vocab_size() const override { return model_.config().vocab_size; }
   bool is_eos(int token) const override { return model_.config().is_eos(token); }
@@ -58,7 +58,7 @@ class GpuBackend : public Backend {
   // The one-row step rows of `request` (its block table; token and length not set).
   StepRows table_of(uint64_t request) const;
 
-  GpuModel& model_;
+  StepModel& model_;
   bool synthetic_prefill_ = false;
   BlockAllocator blocks_;
   std::unordered_map<uint64_t, int> lengths_;  // tokens fed to each live request

@@ -16,7 +16,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-GenerateStats generate_on_gpu(GpuModel& model, const std::vector<int>& prompt, const GenerateOptions& o,
+GenerateStats generate_on_gpu(StepModel& model, const std::vector<int>& prompt, const GenerateOptions& o,
                               const std::function<void(int token)>& on_token) {
   check_generate_options(model.config(), prompt, o);
   const long long total = (long long)prompt.size() + o.max_tokens;
@@ -66,7 +66,7 @@ GenerateStats generate_on_gpu(GpuModel& model, const std::vector<int>& prompt, c
 }
 
 void forced_logits_on_gpu(
-    GpuModel& model, const std::vector<std::vector<int>>& sequences,
+    StepModel& model, const std::vector<std::vector<int>>& sequences,
     const std::function<void(int position, const std::vector<int>& rows, const std::vector<float>& logits)>& on_step) {
   const int B = int(sequences.size()), P = model.max_pages();
   require(B >= 1 && B <= model.options().max_batch, "forced_logits_on_gpu: " + std::to_string(B) +
@@ -104,7 +104,7 @@ void forced_logits_on_gpu(
   model.synchronize();
 }
 
-std::vector<std::vector<float>> forced_logits_on_gpu(GpuModel& model, const std::vector<std::vector<int>>& sequences) {
+std::vector<std::vector<float>> forced_logits_on_gpu(StepModel& model, const std::vector<std::vector<int>>& sequences) {
   const size_t V = size_t(model.config().vocab_size), group = size_t(model.options().max_batch);
   std::vector<std::vector<float>> out(sequences.size());
   for (size_t first = 0; first < sequences.size(); first += group) {

@@ -15,7 +15,7 @@
 
 namespace fp4kv::engine {
 
-GenerateStats generate_on_gpu(GpuModel& model, const std::vector<int>& prompt, const GenerateOptions& options,
+GenerateStats generate_on_gpu(StepModel& model, const std::vector<int>& prompt, const GenerateOptions& options,
                               const std::function<void(int token)>& on_token);
 
 // Teacher-forced logits through the engine: sequence s's first token is its first step,
@@ -26,11 +26,11 @@ GenerateStats generate_on_gpu(GpuModel& model, const std::vector<int>& prompt, c
 // [rows.size()][vocab] (row i: the distribution after sequences[rows[i]][0..t]). The
 // evaluation path of `fp4kv eval --device cuda`.
 void forced_logits_on_gpu(
-    GpuModel& model, const std::vector<std::vector<int>>& sequences,
+    StepModel& model, const std::vector<std::vector<int>>& sequences,
     const std::function<void(int position, const std::vector<int>& rows, const std::vector<float>& logits)>& on_step);
 
 // The same, collecting every sequence's logits [length][vocab]; more sequences than
 // max_batch run in consecutive groups.
-std::vector<std::vector<float>> forced_logits_on_gpu(GpuModel& model, const std::vector<std::vector<int>>& sequences);
+std::vector<std::vector<float>> forced_logits_on_gpu(StepModel& model, const std::vector<std::vector<int>>& sequences);
 
 }  // namespace fp4kv::engine

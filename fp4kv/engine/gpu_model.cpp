@@ -63,12 +63,18 @@ struct GpuModel::Activations {
   __nv_bfloat16* rope_sin;
   int rope_positions = 0;
 
-  // B rows; `prefill`: the chunk activations (BF16 K/V copies, logits of no row: the
-  // prefill's last row goes through the step activations' LM head; the GEMM inputs h, attn
-  // and act zeroed, since the ops write only a chunk's rows and the GEMMs read padded ones).
-  Activations(const model::Qwen3Config& c, int B, int max_pages, int max_context, bool prefill = false) {
-    const size_t H = c.hidden_size, d = c.head_dim, I = c.intermediate_size;
-    const size_t qd = size_t(c.num_attention_heads) * d, kvd = size_t(c.num_key_value_heads) * d;
+  // Tensor parallelism: the LM head's logits of the rank's vocabulary slice [B][slice vocab],
+  // and every rank's gathered [ranks][B][slice vocab] (null on one GPU: the LM head writes logits).
+  float *slice_logits = nullptr, *gathered_logits = nullptr;
+
+  // B rows of rank s's shapes; `prefill`: the chunk activations (BF16 K/V copies, logits of
+  // no row: the prefill's last row goes through the step activations' LM head; the GEMM
+  // inputs h, attn and act zeroed, since the ops write only a chunk's rows and the GEMMs read
+  // padded ones).
+  Activations(const model::Qwen3Config& c, const model::TpSlice& s, int B, int max_pages, int max_context,
+              bool prefill = false) {
+    const size_t H = c.hidden_size, d = c.head_dim, I = s.inter;
+    const size_t qd = size_t(s.heads) * d, kvd = size_t(s.kv_heads) * d;
     tokens = device_array<int32_t>(B, owned, "tokens");
     positions = device_array<int32_t>(B, owned, "positions");
     seq_lens = device_array<int32_t>(B, owned, "seq_lens");
@@ -87,6 +93,10 @@ struct GpuModel::Activations {
     k = device_array<float>(B * kvd, owned, "k");
     v = device_array<float>(B * kvd, owned, "v");
     logits = prefill ? nullptr : device_array<float>(size_t(B) * c.vocab_size, owned, "logits");
+    if (!prefill && s.ranks > 1) {
+      slice_logits = device_array<float>(size_t(B) * s.vocab, owned, "slice logits");
+      gathered_logits = device_array<float>(size_t(B) * c.vocab_size, owned, "gathered logits");
+    }
     if (prefill) {
       k_bf16 = device_array<__nv_bfloat16>(B * kvd, owned, "prefill k");
       v_bf16 = device_array<__nv_bfloat16>(B * kvd, owned, "prefill v");
@@ -100,9 +110,9 @@ struct GpuModel::Activations {
       moe_experts = device_array<int32_t>(B * k, owned, "chosen experts");
       moe_weights = device_array<float>(B * k, owned, "expert weights");
       moe_act = device_array<__nv_bfloat16>(B * k * c.moe_intermediate_size, owned, "expert activations");
-      void* scratch = device_array<uint8_t>(ops::moe_workspace_bytes(B, int(k), c.hidden_size, int(E)), owned,
+      void* scratch = device_array<uint8_t>(ops::moe_workspace_bytes(B, int(k), c.hidden_size, s.experts), owned,
                                             "MoE workspace");
-      moe_workspace = ops::moe_workspace(scratch, B, int(k), int(E));
+      moe_workspace = ops::moe_workspace(scratch, B, int(k), s.experts);
     }
     const ops::RopeTable rope = ops::make_rope_table(c.head_dim, c.rope_theta, max_context);
     rope_positions = rope.positions;
@@ -153,14 +163,15 @@ struct GpuModel::Gemms {
 
 std::vector<StepGemm> step_gemms(const GpuWeights& weights, int m) {
   const model::Qwen3Config& c = weights.config();
+  const model::TpSlice& s = weights.slice();
   using K = StepGemmKind;
   std::vector<StepGemm> g = {
-      {K::qkv, "qkv", {m, (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim, c.hidden_size}, {}},
-      {K::o, "o", {m, c.hidden_size, c.num_attention_heads * c.head_dim}, {}},
-      {K::gate_up, "gate_up", {m, 2 * c.intermediate_size, c.hidden_size}, {}},
-      {K::down, "down", {m, c.hidden_size, c.intermediate_size}, {}},
+      {K::qkv, "qkv", {m, (s.heads + 2 * s.kv_heads) * c.head_dim, c.hidden_size}, {}},
+      {K::o, "o", {m, c.hidden_size, s.heads * c.head_dim}, {}},
+      {K::gate_up, "gate_up", {m, 2 * s.inter, c.hidden_size}, {}},
+      {K::down, "down", {m, c.hidden_size, s.inter}, {}},
       {K::router, "router", {m, c.num_experts, c.hidden_size}, {}},
-      {K::lm_head, "lm_head", {m, c.vocab_size, c.hidden_size, ops::GemmOutput::f32}, {weights.lm_head()}}};
+      {K::lm_head, "lm_head", {m, s.vocab, c.hidden_size, ops::GemmOutput::f32}, {weights.lm_head()}}};
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const GpuLayerWeights& L = weights.layer(l);
     g[size_t(K::qkv)].weights.push_back(L.wqkv);
@@ -177,6 +188,27 @@ std::vector<StepGemm> step_gemms(const GpuWeights& weights, int m) {
 }
 
 namespace {
+
+// The mu_k rows of rank s's KV heads, from the whole model's [layers][kv_heads][head_dim].
+std::vector<float> slice_mu_k(const float* mu_k, const model::Qwen3Config& c, const model::TpSlice& s) {
+  std::vector<float> out;
+  if (!mu_k) return out;
+  const size_t d = c.head_dim;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const float* layer = mu_k + size_t(l) * c.num_key_value_heads * d;
+    out.insert(out.end(), layer + size_t(s.first_kv_head) * d, layer + size_t(s.first_kv_head + s.kv_heads) * d);
+  }
+  return out;
+}
+
+void check_tensor_parallel(const model::TpSlice& s, const GpuModelOptions& o) {
+  const int ranks = o.collective ? o.collective->ranks() : 1, rank = o.collective ? o.collective->rank() : 0;
+  require(s.ranks == ranks && s.rank == rank,
+          "GpuModel: the weights are rank " + std::to_string(s.rank) + " of " + std::to_string(s.ranks) +
+              "'s slice, the collective is rank " + std::to_string(rank) + " of " + std::to_string(ranks));
+  require(!o.collective || o.collective->capturable() || !o.cuda_graphs,
+          "GpuModel: this tensor-parallel group synchronizes on the host and cannot be captured: set cuda_graphs off");
+}
 
 GpuModelOptions resolve(const model::Qwen3Config& c, GpuModelOptions o) {
   require(o.max_batch >= 1 && o.max_batch <= 2048,
@@ -220,31 +252,33 @@ long long gpu_kv_budget(double utilization) {
 }
 
 GpuModel::GpuModel(const GpuWeights& weights, const Recipe& recipe, const float* mu_k, const GpuModelOptions& options)
-    : weights_(weights), recipe_(recipe), options_(resolve(weights.config(), options)) {
+    : weights_(weights), slice_(weights.slice()), recipe_(recipe), options_(resolve(weights.config(), options)) {
   const model::Qwen3Config& c = weights.config();
+  check_tensor_parallel(slice_, options_);
   cache::KvCacheConfig cc;
   cc.layers = c.num_hidden_layers;
-  cc.kv_heads = c.num_key_value_heads;
+  cc.kv_heads = slice_.kv_heads;
   cc.head_dim = c.head_dim;
   cc.num_blocks = options_.num_blocks;
   cc.max_slots = options_.max_slots;
   cc.max_batch = options_.max_batch;
   cc.max_pages = pages_for(options_.max_context);
-  const attention::DecodeGeometry geometry = decode_geometry(c);
+  const attention::DecodeGeometry geometry = decode_geometry(c, slice_);
   attention::DecodeAttention::check_supported(geometry, recipe_,
                                               attention::DecodeCapacity{cc.max_batch, cc.max_pages, cc.max_splits});
   cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "GpuModel: stream");
   cuda_check(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming), "GpuModel: event");
-  cache_ = std::make_unique<cache::KvCache>(cc, recipe_, mu_k);
+  const std::vector<float> rank_mu_k = slice_mu_k(mu_k, c, slice_);
+  cache_ = std::make_unique<cache::KvCache>(cc, recipe_, mu_k ? rank_mu_k.data() : nullptr);
   attention_ = std::make_unique<attention::DecodeAttention>(geometry, recipe_, attention::capacity_of(*cache_));
   sampler_ = std::make_unique<ops::Sampler>(options_.max_batch, c.vocab_size);
-  act_ = std::make_unique<Activations>(c, options_.max_batch, cc.max_pages, options_.max_context);
+  act_ = std::make_unique<Activations>(c, slice_, options_.max_batch, cc.max_pages, options_.max_context);
   if (options_.prefill_chunk > 0) {
     attention::PrefillConfig pc;
-    pc.q_heads = c.num_attention_heads;
+    pc.q_heads = slice_.heads;
     pc.max_chunk_tokens = options_.prefill_chunk;
     prefill_attention_ = std::make_unique<attention::PrefillAttention>(*cache_, pc);
-    prefill_act_ = std::make_unique<Activations>(c, prefill_rows(options_.prefill_chunk), cc.max_pages,
+    prefill_act_ = std::make_unique<Activations>(c, slice_, prefill_rows(options_.prefill_chunk), cc.max_pages,
                                                  options_.max_context, true);
   }
   staging_ = std::make_unique<Staging>(options_.max_batch, cc.max_pages);
@@ -344,14 +378,15 @@ GpuModel::TuningOperands GpuModel::tuning_operands(StepGemmKind kind) const {
     case StepGemmKind::gate_up: return {a.h, a.gate_up};
     case StepGemmKind::down: return {a.act, a.delta};
     case StepGemmKind::router: return {a.h, a.router_logits};
-    case StepGemmKind::lm_head: return {a.h, a.logits};
+    case StepGemmKind::lm_head: return {a.h, a.slice_logits ? a.slice_logits : a.logits};
   }
   throw Error("GpuModel: unknown GEMM kind");
 }
 
 // QK-norm + RoPE of `tokens` rows of `a` (its BF16 K/V copies too, where it has them).
-ops::QkNormRopeArgs GpuModel::qk_norm_rope_args(const model::Qwen3Config& c, const GpuLayerWeights& w,
-                                                const Activations& a, int tokens, int32_t* flags) {
+ops::QkNormRopeArgs GpuModel::qk_norm_rope_args(const model::Qwen3Config& c, const model::TpSlice& s,
+                                                const GpuLayerWeights& w, const Activations& a, int tokens,
+                                                int32_t* flags) {
   ops::QkNormRopeArgs r;
   r.qkv = a.qkv;
   r.positions = a.positions;
@@ -361,8 +396,8 @@ ops::QkNormRopeArgs GpuModel::qk_norm_rope_args(const model::Qwen3Config& c, con
   r.rope_sin = a.rope_sin;
   r.rope_positions = a.rope_positions;
   r.tokens = tokens;
-  r.q_heads = c.num_attention_heads;
-  r.kv_heads = c.num_key_value_heads;
+  r.q_heads = s.heads;
+  r.kv_heads = s.kv_heads;
   r.head_dim = c.head_dim;
   r.eps = float(c.rms_norm_eps);
   r.q = a.q;
@@ -396,7 +431,7 @@ void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
   mark(StepPart::other);
   g[StepGemmKind::qkv].run(a.h, w.wqkv, a.qkv, stream_);
   mark(StepPart::gemm);
-  ops::qk_norm_rope(qk_norm_rope_args(c, w, a, B, a.flags), stream_);
+  ops::qk_norm_rope(qk_norm_rope_args(c, slice_, w, a, B, a.flags), stream_);
   mark(StepPart::other);
   if (cache_updates_) cache_->append(l, a.k, a.v, stream_);
   mark(StepPart::cache);
@@ -405,24 +440,51 @@ void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
   mark(StepPart::attention);
   g[StepGemmKind::o].run(a.attn, w.wo, a.delta, stream_);
   mark(StepPart::gemm);
+  all_reduce(a.delta, B);
   ops::add_rms_norm({a.x, a.delta, w.post_norm, a.h, B, c.hidden_size, eps}, stream_);
   mark(StepPart::other);
   enqueue_mlp(w, a, B, g);
 }
 
-// The MLP of a layer on the normed rows a.h (the GEMMs over g's row count), into a.delta:
-// dense SwiGLU, or the sparse block of a Qwen3-MoE layer.
+// The MLP of a layer on the normed rows a.h (the GEMMs over g's row count), into a.delta
+// (summed over the ranks): dense SwiGLU, or the sparse block of a Qwen3-MoE layer.
 void GpuModel::enqueue_mlp(const GpuLayerWeights& w, Activations& a, int B, const Gemms& g) {
   if (w.sparse()) {
     enqueue_moe(w, a, B, g);
+  } else {
+    g[StepGemmKind::gate_up].run(a.h, w.w_gate_up, a.gate_up, stream_);
+    mark(StepPart::gemm);
+    ops::swiglu({a.gate_up, a.act, B, slice_.inter}, stream_);
+    mark(StepPart::other);
+    g[StepGemmKind::down].run(a.act, w.w_down, a.delta, stream_);
+    mark(StepPart::gemm);
+  }
+  all_reduce(a.delta, B);
+}
+
+void GpuModel::all_reduce(__nv_bfloat16* x, int rows) {
+  if (!options_.collective) return;
+  options_.collective->all_reduce_sum(x, size_t(rows) * config().hidden_size, stream_);
+  mark(StepPart::collective);
+}
+
+void GpuModel::enqueue_lm_head(const Gemms& g, const __nv_bfloat16* h, int B) {
+  Activations& a = *act_;
+  if (slice_.ranks == 1) {  // the whole vocabulary here
+    g[StepGemmKind::lm_head].run(h, weights_.lm_head(), a.logits, stream_);
+    mark(StepPart::gemm);
     return;
   }
-  g[StepGemmKind::gate_up].run(a.h, w.w_gate_up, a.gate_up, stream_);
+  g[StepGemmKind::lm_head].run(h, weights_.lm_head(), a.slice_logits, stream_);
   mark(StepPart::gemm);
-  ops::swiglu({a.gate_up, a.act, B, config().intermediate_size}, stream_);
-  mark(StepPart::other);
-  g[StepGemmKind::down].run(a.act, w.w_down, a.delta, stream_);
-  mark(StepPart::gemm);
+  const size_t slice = size_t(slice_.vocab), V = size_t(config().vocab_size);
+  options_.collective->all_gather(a.slice_logits, size_t(B) * slice, a.gathered_logits, stream_);
+  for (int r = 0; r < slice_.ranks; ++r)  // [ranks][B][slice] -> [B][vocab]
+    cuda_check(cudaMemcpy2DAsync(a.logits + r * slice, V * sizeof(float), a.gathered_logits + size_t(r) * B * slice,
+                                 slice * sizeof(float), slice * sizeof(float), size_t(B), cudaMemcpyDeviceToDevice,
+                                 stream_),
+               "GpuModel: gathered logits");
+  mark(StepPart::collective);
 }
 
 // The sparse block of a Qwen3-MoE layer on the normed rows a.h, into a.delta (ops/moe.h).
@@ -433,8 +495,10 @@ void GpuModel::enqueue_moe(const GpuLayerWeights& w, Activations& a, int B, cons
   mark(StepPart::gemm);
   ops::moe_route({a.router_logits, a.moe_experts, a.moe_weights, B, E, k, c.norm_topk_prob, act_->flags}, stream_);
   mark(StepPart::other);
-  ops::moe_experts({a.h, w.experts_gate_up, a.moe_experts, a.moe_act, B, k, E, H, EI}, a.moe_workspace, stream_);
-  ops::moe_combine({a.moe_act, w.experts_down, a.moe_experts, a.moe_weights, a.delta, B, k, E, H, EI},
+  const int held = slice_.experts, first = slice_.first_expert;
+  ops::moe_experts({a.h, w.experts_gate_up, a.moe_experts, a.moe_act, B, k, held, H, EI, first}, a.moe_workspace,
+                   stream_);
+  ops::moe_combine({a.moe_act, w.experts_down, a.moe_experts, a.moe_weights, a.delta, B, k, held, H, EI, first},
                    a.moe_workspace, stream_);
   mark(StepPart::gemm);
 }
@@ -446,15 +510,17 @@ void GpuModel::enqueue_step(int B) {
   mark(StepPart::other);  // the start
   if (cache_updates_) cache_->begin_step(a.block_tables, a.seq_lens, B, max_pages(), stream_);
   mark(StepPart::cache);
-  ops::embedding_gather({a.tokens, B, weights_.embed(), c.vocab_size, c.hidden_size, a.x, a.flags}, stream_);
+  ops::embedding_gather({a.tokens, B, weights_.embed(), c.vocab_size, c.hidden_size, a.x, a.flags,
+                         slice_.first_vocab, slice_.vocab},
+                        stream_);
   mark(StepPart::other);
+  all_reduce(a.x, B);
   for (int l = 0; l < c.num_hidden_layers; ++l) enqueue_layer(l, B, g);
   if (cache_updates_) cache_->end_step(stream_);
   mark(StepPart::cache);
   ops::add_rms_norm({a.x, a.delta, weights_.final_norm(), a.h, B, c.hidden_size, float(c.rms_norm_eps)}, stream_);
   mark(StepPart::other);
-  g[StepGemmKind::lm_head].run(a.h, weights_.lm_head(), a.logits, stream_);
-  mark(StepPart::gemm);
+  enqueue_lm_head(g, a.h, B);
 }
 
 void GpuModel::mark(StepPart part) {
@@ -506,7 +572,9 @@ void GpuModel::fill_random_tokens(const StepRows& rows, int first, int count, ui
   upload(probe);
   const model::Qwen3Config& c = config();
   const int step = std::min(count, chunk);
-  const size_t row = size_t(c.num_key_value_heads) * c.head_dim;
+  // The rank's KV heads of the whole model's rows: the same cache contents however it is split.
+  const size_t row = size_t(slice_.kv_heads) * c.head_dim, full_row = size_t(c.num_key_value_heads) * c.head_dim;
+  const size_t row_first = size_t(slice_.first_kv_head) * c.head_dim;
   std::vector<void*> owned;
   float* k = device_array<float>(size_t(step) * row, owned, "fill k");
   float* v = device_array<float>(size_t(step) * row, owned, "fill v");
@@ -520,8 +588,9 @@ void GpuModel::fill_random_tokens(const StepRows& rows, int first, int count, ui
         const int n = std::min(step, first + count - t0);
         for (int l = 0; l < c.num_hidden_layers; ++l) {
           const uint64_t layer_seed = seed * 0x9E3779B97F4A7C15ull + uint64_t(l) * 2;
-          fill_random_floats(k, size_t(n) * row, layer_seed, kAmplitude, stream_, size_t(t0) * row);
-          fill_random_floats(v, size_t(n) * row, layer_seed + 1, kAmplitude, stream_, size_t(t0) * row);
+          const RandomRows rows_of_chunk{size_t(n), row, full_row, size_t(t0) * full_row + row_first};
+          fill_random_rows(k, rows_of_chunk, layer_seed, kAmplitude, stream_);
+          fill_random_rows(v, rows_of_chunk, layer_seed + 1, kAmplitude, stream_);
           cache_->prefill(l, block_row, t0, n, k, v, stream_);
         }
       }
@@ -594,12 +663,13 @@ void GpuModel::enqueue_prefill_layer(int l, int start, int T, const Gemms& g) {
   Activations& a = *prefill_act_;
   enqueue_input_norm(l, a, T);
   g[StepGemmKind::qkv].run(a.h, w.wqkv, a.qkv, stream_);
-  ops::qk_norm_rope(qk_norm_rope_args(c, w, a, T, act_->flags), stream_);  // with the BF16 K/V copies
+  ops::qk_norm_rope(qk_norm_rope_args(c, slice_, w, a, T, act_->flags), stream_);  // with the BF16 K/V copies
   auto bits = [](const __nv_bfloat16* p) { return reinterpret_cast<const uint16_t*>(p); };
   prefill_attention_->run(l, a.block_tables, start, T, bits(a.q), bits(a.k_bf16), bits(a.v_bf16),
                           reinterpret_cast<uint16_t*>(a.attn), nullptr, stream_);
   cache_->prefill(l, a.k, a.v, stream_);
   g[StepGemmKind::o].run(a.attn, w.wo, a.delta, stream_);
+  all_reduce(a.delta, T);
   ops::add_rms_norm({a.x, a.delta, w.post_norm, a.h, T, c.hidden_size, eps}, stream_);
   enqueue_mlp(w, a, T, g);
 }
@@ -611,13 +681,16 @@ void GpuModel::enqueue_prefill_chunk(int start, int T) {
   Activations& a = *prefill_act_;
   const Gemms& g = prefill_gemms_for(prefill_rows(T));
   cache_->begin_prefill(a.block_tables, start, T, stream_);
-  ops::embedding_gather({a.tokens, T, weights_.embed(), c.vocab_size, c.hidden_size, a.x, act_->flags}, stream_);
+  ops::embedding_gather({a.tokens, T, weights_.embed(), c.vocab_size, c.hidden_size, a.x, act_->flags,
+                         slice_.first_vocab, slice_.vocab},
+                        stream_);
+  all_reduce(a.x, T);
   for (int l = 0; l < c.num_hidden_layers; ++l) enqueue_prefill_layer(l, start, T, g);
   const size_t last = size_t(T - 1) * c.hidden_size;
   ops::add_rms_norm({a.x + last, a.delta + last, weights_.final_norm(), act_->h, 1, c.hidden_size,
                      float(c.rms_norm_eps)},
                     stream_);
-  gemms_for(1)[StepGemmKind::lm_head].run(act_->h, weights_.lm_head(), act_->logits, stream_);
+  enqueue_lm_head(gemms_for(1), act_->h, 1);
 }
 
 void GpuModel::prefill(const std::vector<int32_t>& tokens, int start, const std::vector<int32_t>& block_row) {
@@ -706,6 +779,12 @@ std::vector<int32_t> GpuModel::sample(const std::vector<SamplingRow>& params) {
 }
 
 void GpuModel::release(int32_t first_block) { cache_->release(first_block, stream_); }
+
+void GpuModel::set_cuda_graphs(bool on) {
+  require(!on || !options_.collective || options_.collective->capturable(),
+          "GpuModel: this tensor-parallel group synchronizes on the host and cannot be captured");
+  options_.cuda_graphs = on;
+}
 
 void GpuModel::synchronize() const { cuda_check(cudaStreamSynchronize(stream_), "GpuModel: step"); }
 

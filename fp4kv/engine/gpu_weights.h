@@ -9,6 +9,12 @@
 // name and shape checked), or random weights of a named shape built on the GPU
 // (`qwen3-4b:random`): speed work only, their text is noise.
 //
+// Tensor parallelism: rank r of N holds its slice (model/tensor_parallel.h): the rows of its
+// heads, KV heads and MLP channels in wqkv and w_gate_up (in the same stacked order), their
+// columns of wo and w_down, its experts whole (the router whole), its vocabulary rows of the
+// embedding and LM head; norms whole. Random weights of a slice are the whole model's values
+// there. config() stays the whole model's; slice() says what this object holds.
+//
 // Invariants: one device allocation owns every tensor (each 256-byte aligned); the object is
 // move-only and frees it on destruction.
 #pragma once
@@ -22,6 +28,7 @@
 #include <vector>
 
 #include "fp4kv/model/qwen3_config.h"
+#include "fp4kv/model/tensor_parallel.h"
 
 namespace fp4kv::engine {
 
@@ -36,11 +43,16 @@ bool is_random_model_spec(const std::string& spec, std::string* shape);
 // A uniform distribution on [-a, a) has standard deviation a / sqrt(3).
 inline constexpr float kUniformAmplitudePerStd = 1.7320508f;  // sqrt(3)
 
-// out[i] = uniform in [-amplitude, amplitude), a hash of (seed, first + i), on the device
-// (random weights, random cache contents for speed work): element first + i has the same
-// value however a tensor is cut into calls.
-void fill_random_floats(float* out, size_t n, uint64_t seed, float amplitude, cudaStream_t stream, size_t first = 0);
+// Rows of a random matrix [..][full_cols]: out[r][c] = uniform in [-amplitude, amplitude), a
+// hash of (seed, first + r * full_cols + c), on the device (random cache contents for speed
+// work): an element has the same value however a tensor is cut into calls or ranks.
+struct RandomRows {
+  size_t rows = 1, cols = 0, full_cols = 0, first = 0;
+};
+void fill_random_rows(float* out, const RandomRows& rows, uint64_t seed, float amplitude, cudaStream_t stream);
 
+// Shapes of a slice (whole model: the config's counts): q_heads, kv_heads, intermediate and
+// held experts are the slice's, `experts` in the router the whole model's.
 struct GpuLayerWeights {
   const __nv_bfloat16* input_norm = nullptr;  // [hidden]
   const __nv_bfloat16* post_norm = nullptr;   // [hidden]
@@ -52,22 +64,23 @@ struct GpuLayerWeights {
   const __nv_bfloat16* w_down = nullptr;      // dense MLP: [hidden][intermediate]
   // A sparse (MoE) layer's block instead of the dense MLP; null in a dense layer.
   const __nv_bfloat16* router = nullptr;           // [experts][hidden]
-  const __nv_bfloat16* experts_gate_up = nullptr;  // [experts][2 moe_intermediate][hidden]
-  const __nv_bfloat16* experts_down = nullptr;     // [experts][hidden][moe_intermediate]
+  const __nv_bfloat16* experts_gate_up = nullptr;  // [held experts][2 moe_intermediate][hidden]
+  const __nv_bfloat16* experts_down = nullptr;     // [held experts][hidden][moe_intermediate]
   bool sparse() const { return router != nullptr; }
 };
 
 class GpuWeights {
  public:
-  // Loads <dir>/config.json and its safetensors onto the current device. Throws
-  // fp4kv::Error naming a missing tensor or a wrong shape, or the failed CUDA call.
-  static GpuWeights load(const std::string& dir);
+  // Loads <dir>/config.json and its safetensors (rank `rank` of `ranks`' slice) onto the
+  // current device. Throws fp4kv::Error naming a missing tensor or a wrong shape, a model that
+  // does not split over `ranks`, or the failed CUDA call.
+  static GpuWeights load(const std::string& dir, int rank = 0, int ranks = 1);
   // Random weights of `config`'s shape (uniform, std 0.02; norms 1), drawn on the device
   // from `seed`. Their config has no position limit (max_position_embeddings 0): speed work
   // runs them at any context.
-  static GpuWeights random(const model::Qwen3Config& config, uint64_t seed);
+  static GpuWeights random(const model::Qwen3Config& config, uint64_t seed, int rank = 0, int ranks = 1);
   // `spec` is a checkpoint directory or NAME:random.
-  static GpuWeights from_spec(const std::string& spec, uint64_t seed = 1);
+  static GpuWeights from_spec(const std::string& spec, uint64_t seed = 1, int rank = 0, int ranks = 1);
 
   ~GpuWeights();
   GpuWeights(GpuWeights&& other) noexcept;
@@ -76,21 +89,26 @@ class GpuWeights {
   GpuWeights& operator=(const GpuWeights&) = delete;
 
   const model::Qwen3Config& config() const { return config_; }
+  const model::TpSlice& slice() const { return slice_; }
   const GpuLayerWeights& layer(int l) const { return layers_[size_t(l)]; }
-  const __nv_bfloat16* embed() const { return embed_; }        // [vocab][hidden]
+  const __nv_bfloat16* embed() const { return embed_; }        // [slice vocab][hidden]
   const __nv_bfloat16* final_norm() const { return final_norm_; }  // [hidden]
-  const __nv_bfloat16* lm_head() const { return lm_head_; }    // [vocab][hidden] (embed() when tied)
+  const __nv_bfloat16* lm_head() const { return lm_head_; }    // [slice vocab][hidden] (embed() when tied)
   size_t bytes() const { return bytes_; }
+  // bytes() of rank `rank` of `ranks`' slice of `config`, before loading anything.
+  static size_t bytes_for(const model::Qwen3Config& config, int rank = 0, int ranks = 1);
   // The least a decode step of `batch` rows reads: every tensor but the experts, and per
   // sparse layer min(experts, batch x top_k) experts (all of bytes() for a dense model).
   size_t step_read_bytes(int batch) const;
+  static size_t step_read_bytes_for(const model::Qwen3Config& config, int rank, int ranks, int batch);
   bool is_random() const { return random_; }
 
  private:
-  explicit GpuWeights(const model::Qwen3Config& config);  // allocates and assigns every tensor
+  GpuWeights(const model::Qwen3Config& config, int rank, int ranks);  // allocates and assigns every tensor
   void release() noexcept;
 
   model::Qwen3Config config_;
+  model::TpSlice slice_;
   void* memory_ = nullptr;
   size_t bytes_ = 0;
   bool random_ = false;

@@ -14,14 +14,14 @@ constexpr int kThreads = 256;
 constexpr int kBf16PerVector = 8;  // one uint4 = 16 bytes = 8 BF16
 
 __global__ void __launch_bounds__(kThreads)
-    embedding_kernel(const int32_t* ids, const __nv_bfloat16* table, int vocab, int hidden, bool vectorized,
-                     __nv_bfloat16* out, int32_t* error_flags) {
+    embedding_kernel(const int32_t* ids, const __nv_bfloat16* table, int vocab, int table_first, int table_rows,
+                     int hidden, bool vectorized, __nv_bfloat16* out, int32_t* error_flags) {
   const int t = blockIdx.x;
   const int id = ids[t];
-  const bool valid = id >= 0 && id < vocab;
-  if (!valid && threadIdx.x == 0) atomicOr(error_flags, kErrorTokenOutOfRange);
+  if ((id < 0 || id >= vocab) && threadIdx.x == 0) atomicOr(error_flags, kErrorTokenOutOfRange);
+  const bool valid = id >= table_first && id - table_first < table_rows;  // inside [0, vocab) too
   __nv_bfloat16* dst = out + size_t(t) * hidden;
-  const __nv_bfloat16* src = table + size_t(valid ? id : 0) * hidden;
+  const __nv_bfloat16* src = table + size_t(valid ? id - table_first : 0) * hidden;
   if (vectorized) {
     const int vectors = hidden / kBf16PerVector;
     for (int i = threadIdx.x; i < vectors; i += kThreads) {
@@ -41,11 +41,16 @@ void embedding_gather(const EmbeddingArgs& a, cudaStream_t stream) {
   require(a.tokens >= 0, "embedding_gather: tokens " + std::to_string(a.tokens) + " is negative");
   require(a.vocab > 0, "embedding_gather: vocab " + std::to_string(a.vocab) + " must be positive");
   require(a.hidden > 0, "embedding_gather: hidden " + std::to_string(a.hidden) + " must be positive");
+  const int table_rows = a.table_rows == 0 ? a.vocab : a.table_rows;
+  if (a.table_first < 0 || table_rows < 1 || a.table_first + table_rows > a.vocab)  // every step: message on failure
+    throw Error("embedding_gather: the table's rows [" + std::to_string(a.table_first) + ", " +
+                std::to_string(a.table_first + table_rows) + ") are not inside the vocabulary of " +
+                std::to_string(a.vocab));
   if (a.tokens == 0) return;
   require(a.token_ids && a.table && a.out && a.error_flags, "embedding_gather: a device pointer is null");
   const bool vectorized = a.hidden % kBf16PerVector == 0 && aligned16(a.table) && aligned16(a.out);
-  embedding_kernel<<<a.tokens, kThreads, 0, stream>>>(a.token_ids, a.table, a.vocab, a.hidden, vectorized, a.out,
-                                                       a.error_flags);
+  embedding_kernel<<<a.tokens, kThreads, 0, stream>>>(a.token_ids, a.table, a.vocab, a.table_first, table_rows,
+                                                       a.hidden, vectorized, a.out, a.error_flags);
   cache::cuda_check_launch("embedding_gather");
 }
 

@@ -1,5 +1,7 @@
 // Embedding gather on the GPU: out[t] = table[token_ids[t]], BF16 rows of the (BF16)
-// embedding table [vocab][hidden].
+// embedding table [vocab][hidden], or of a vocabulary-parallel shard of it (tensor
+// parallelism): the table then holds rows [table_first, table_first + table_rows) and an id
+// outside them embeds as zeros (the ranks' all-reduce fills the row in).
 //
 // Invariants: an id outside [0, vocab) is never read through; it ORs kErrorTokenOutOfRange
 // into error_flags[0] (sticky, common.h) and its output row is zero. No host
@@ -21,6 +23,8 @@ struct EmbeddingArgs {
   int hidden = 0;
   __nv_bfloat16* out = nullptr;          // device [tokens][hidden]
   int32_t* error_flags = nullptr;        // device [1], sticky
+  int table_first = 0;                   // the shard's first id
+  int table_rows = 0;                    // rows the table holds (0: all `vocab`)
 };
 
 // Throws fp4kv::Error naming the bad argument (sizes, null pointers) before launching.

@@ -111,15 +111,19 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRouteArg
 }
 
 // ---- grouping: the pairs of every used expert, one CTA ----
-// used[0] = number of used experts, used[1 + s] = the s-th (ascending); begin[s] .. begin[s + 1]
+// used[0] = number of used experts, used[1 + s] = the s-th (ascending, counted from
+// first_expert: pairs of experts outside the held range are left out); begin[s] .. begin[s + 1]
 // its range in `pairs`. Within a range the order is the atomics' (each pair's output does not
 // depend on it).
-__global__ void __launch_bounds__(kSortThreads) moe_group_kernel(const int32_t* experts, int num_pairs, int num_experts,
-                                                                MoeWorkspace ws) {
+__global__ void __launch_bounds__(kSortThreads) moe_group_kernel(const int32_t* experts, int num_pairs, int first_expert,
+                                                                int num_experts, MoeWorkspace ws) {
   __shared__ int32_t count[kMoeMaxExperts], offset[kMoeMaxExperts];
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count[e] = 0;
   __syncthreads();
-  for (int p = threadIdx.x; p < num_pairs; p += blockDim.x) atomicAdd(&count[experts[p]], 1);
+  for (int p = threadIdx.x; p < num_pairs; p += blockDim.x) {
+    const int e = experts[p] - first_expert;
+    if (e >= 0 && e < num_experts) atomicAdd(&count[e], 1);
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     int total = 0, slots = 0;
@@ -138,8 +142,8 @@ __global__ void __launch_bounds__(kSortThreads) moe_group_kernel(const int32_t* 
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x) ws.cursor[e] = 0;
   __syncthreads();
   for (int p = threadIdx.x; p < num_pairs; p += blockDim.x) {
-    const int e = experts[p];
-    ws.pairs[offset[e] + atomicAdd(&ws.cursor[e], 1)] = p;
+    const int e = experts[p] - first_expert;
+    if (e >= 0 && e < num_experts) ws.pairs[offset[e] + atomicAdd(&ws.cursor[e], 1)] = p;
   }
 }
 
@@ -245,6 +249,8 @@ __global__ void __launch_bounds__(kFoldThreads) moe_fold_kernel(MoeCombineArgs a
     float acc = 0.0f;
     for (int j = 0; j < a.top_k; ++j) {
       const int64_t pair = row * a.top_k + j;
+      const int e = a.experts[pair] - a.first_expert;
+      if (e < 0 || e >= a.num_experts) continue;  // another rank's expert
       const float term = round_bf16(__fmul_rn(__bfloat162float(y[pair * a.hidden + h]), a.weights[pair]));
       acc = round_bf16(__fadd_rn(acc, term));
     }
@@ -300,11 +306,12 @@ void moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
 
 void moe_experts(const MoeExpertsArgs& a, const MoeWorkspace& ws, cudaStream_t stream) {
   require_product_dims("moe_experts", a.rows, a.top_k, a.num_experts, a.hidden, a.intermediate);
+  if (a.first_expert < 0) throw Error("moe_experts: first_expert " + std::to_string(a.first_expert) + " is negative");
   if (a.rows == 0) return;
   if (!a.x || !a.gate_up || !a.experts || !a.act || !ws.used || !ws.y)
     throw Error("moe_experts: a device pointer is null");
   const int pairs = a.rows * a.top_k;
-  moe_group_kernel<<<1, kSortThreads, 0, stream>>>(a.experts, pairs, a.num_experts, ws);
+  moe_group_kernel<<<1, kSortThreads, 0, stream>>>(a.experts, pairs, a.first_expert, a.num_experts, ws);
   cache::cuda_check_launch("moe_experts: grouping");
   const dim3 grid((a.intermediate + kProductWarps - 1) / kProductWarps, std::min(a.num_experts, pairs));
   moe_gate_up_kernel<<<grid, kProductWarps * 32, 0, stream>>>(a, ws);
@@ -313,6 +320,7 @@ void moe_experts(const MoeExpertsArgs& a, const MoeWorkspace& ws, cudaStream_t s
 
 void moe_combine(const MoeCombineArgs& a, const MoeWorkspace& ws, cudaStream_t stream) {
   require_product_dims("moe_combine", a.rows, a.top_k, a.num_experts, a.hidden, a.intermediate);
+  if (a.first_expert < 0) throw Error("moe_combine: first_expert " + std::to_string(a.first_expert) + " is negative");
   if (a.rows == 0) return;
   if (!a.act || !a.down || !a.experts || !a.weights || !a.out || !ws.used || !ws.y)
     throw Error("moe_combine: a device pointer is null");

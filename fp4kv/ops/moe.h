@@ -17,6 +17,11 @@
 // in k order, a butterfly over the lanes), so their sums differ from the twin's double ones
 // within the any-order FP32 bound; moe_route is bit-identical to its twin.
 //
+// Expert parallelism (tensor parallelism's MoE split): moe_experts and moe_combine may hold
+// only experts [first_expert, first_expert + num_experts) of the router's; a pair that chose
+// another expert is skipped (its act is not written, and out sums only the held experts'
+// terms, in the same order: the ranks' all-reduce adds the rest).
+//
 // Layouts: gate_up [experts][2 I][H] (per expert the gate rows, then the up rows), down
 // [experts][H][I]; x [rows][H]; experts int32 and weights float [rows][top_k].
 // Invariants: H and I are multiples of kMoeDimMultiple, pointers 16-byte aligned; num_experts <= 256,
@@ -57,6 +62,7 @@ struct MoeExpertsArgs {
   int num_experts = 0;
   int hidden = 0;
   int intermediate = 0;
+  int first_expert = 0;  // the router's id of gate_up's expert 0
 };
 
 struct MoeCombineArgs {
@@ -70,6 +76,7 @@ struct MoeCombineArgs {
   int num_experts = 0;
   int hidden = 0;
   int intermediate = 0;
+  int first_expert = 0;  // the router's id of down's expert 0
 };
 
 // Scratch of moe_experts and moe_combine, carved from one device allocation of

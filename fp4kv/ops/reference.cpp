@@ -37,7 +37,9 @@ std::vector<uint16_t> norm_rows(const std::vector<float>& x, const std::vector<u
 }  // namespace
 
 std::vector<uint16_t> ref_embedding_gather(const std::vector<int32_t>& token_ids, const std::vector<uint16_t>& table,
-                                           int vocab, int hidden, int32_t* error_flags) {
+                                           int vocab, int hidden, int32_t* error_flags, int table_first,
+                                           int table_rows) {
+  if (table_rows == 0) table_rows = vocab;
   std::vector<uint16_t> out(token_ids.size() * size_t(hidden), 0);
   for (size_t t = 0; t < token_ids.size(); ++t) {
     const int32_t id = token_ids[t];
@@ -45,7 +47,8 @@ std::vector<uint16_t> ref_embedding_gather(const std::vector<int32_t>& token_ids
       *error_flags |= kErrorTokenOutOfRange;
       continue;
     }
-    std::copy_n(table.data() + size_t(id) * hidden, hidden, out.data() + t * hidden);
+    if (id < table_first || id >= table_first + table_rows) continue;
+    std::copy_n(table.data() + size_t(id - table_first) * hidden, hidden, out.data() + t * hidden);
   }
   return out;
 }
@@ -174,13 +177,15 @@ MoeRouteReference ref_moe_route(const std::vector<uint16_t>& logits, int rows, i
 
 MoeExpertsReference ref_moe_experts(const std::vector<uint16_t>& x, const std::vector<uint16_t>& gate_up,
                                     const std::vector<int32_t>& experts, int rows, int top_k, int hidden,
-                                    int intermediate) {
+                                    int intermediate, ExpertRange held) {
   const size_t outputs = size_t(rows) * top_k * intermediate;
   MoeExpertsReference r{std::vector<uint16_t>(outputs), std::vector<double>(outputs), std::vector<double>(outputs),
                         std::vector<double>(outputs), std::vector<double>(outputs)};
   for (int row = 0; row < rows; ++row) {
     for (int j = 0; j < top_k; ++j) {
-      const size_t pair = size_t(row) * top_k + j, e = size_t(experts[pair]);
+      const size_t pair = size_t(row) * top_k + j;
+      if (!held.holds(experts[pair])) continue;
+      const size_t e = size_t(experts[pair] - held.first);
       // The gate rows, then the up rows, of the expert, times this row of x.
       const GemmReference p =
           ref_gemm(x.data() + size_t(row) * hidden, gate_up.data() + e * 2 * intermediate * hidden, 1,
@@ -199,13 +204,15 @@ MoeExpertsReference ref_moe_experts(const std::vector<uint16_t>& x, const std::v
 
 MoeCombineReference ref_moe_combine(const std::vector<uint16_t>& act, const std::vector<uint16_t>& down,
                                     const std::vector<int32_t>& experts, const std::vector<float>& weights, int rows,
-                                    int top_k, int hidden, int intermediate) {
+                                    int top_k, int hidden, int intermediate, ExpertRange held) {
   MoeCombineReference r{std::vector<uint16_t>(size_t(rows) * hidden),
                         std::vector<double>(size_t(rows) * top_k * hidden),
                         std::vector<double>(size_t(rows) * top_k * hidden)};
   for (size_t pair = 0; pair < size_t(rows) * top_k; ++pair) {
+    if (!held.holds(experts[pair])) continue;
     const GemmReference p = ref_gemm(act.data() + pair * intermediate,
-                                     down.data() + size_t(experts[pair]) * hidden * intermediate, 1, hidden, intermediate);
+                                     down.data() + size_t(experts[pair] - held.first) * hidden * intermediate, 1,
+                                     hidden, intermediate);
     std::copy(p.y.begin(), p.y.end(), r.y.begin() + pair * hidden);
     std::copy(p.abs_sum.begin(), p.abs_sum.end(), r.y_abs.begin() + pair * hidden);
   }
@@ -214,6 +221,7 @@ MoeCombineReference ref_moe_combine(const std::vector<uint16_t>& act, const std:
       float acc = 0.0f;
       for (int j = 0; j < top_k; ++j) {
         const size_t pair = size_t(row) * top_k + j;
+        if (!held.holds(experts[pair])) continue;
         acc = round_bf16(add_rn(acc, round_bf16(mul_rn(round_bf16(float(r.y[pair * hidden + h])), weights[pair]))));
       }
       r.out[size_t(row) * hidden + h] = float_to_bf16_bits(acc);

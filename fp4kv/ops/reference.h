@@ -14,8 +14,11 @@
 namespace fp4kv::ops {
 
 // out [tokens][hidden]; ORs kErrorTokenOutOfRange into *error_flags for a bad id (its row zero).
+// A shard table holds ids [table_first, table_first + table_rows) (0 rows: all of vocab); other
+// ids embed as zeros (embedding.h).
 std::vector<uint16_t> ref_embedding_gather(const std::vector<int32_t>& token_ids, const std::vector<uint16_t>& table,
-                                           int vocab, int hidden, int32_t* error_flags);
+                                           int vocab, int hidden, int32_t* error_flags, int table_first = 0,
+                                           int table_rows = 0);
 
 // y [rows][n] = rmsnorm(x) (rms_norm.h).
 std::vector<uint16_t> ref_rms_norm(const std::vector<uint16_t>& x, const std::vector<uint16_t>& weight, int rows,
@@ -60,19 +63,26 @@ struct MoeExpertsReference {
   std::vector<uint16_t> act;
   std::vector<double> gate, up, gate_abs, up_abs;
 };
+// `held`: the experts gate_up holds (moe.h's expert parallelism); pairs of other experts are
+// left zero.
+struct ExpertRange {
+  int first = 0;
+  int count = 0;  // 0: every expert an id names
+  bool holds(int e) const { return count == 0 || (e >= first && e < first + count); }
+};
 MoeExpertsReference ref_moe_experts(const std::vector<uint16_t>& x, const std::vector<uint16_t>& gate_up,
                                     const std::vector<int32_t>& experts, int rows, int top_k, int hidden,
-                                    int intermediate);
+                                    int intermediate, ExpertRange held = {});
 
 // moe_combine's out [rows][hidden] with the down products in double, and those products and
-// their error scales, [rows][top_k][hidden].
+// their error scales, [rows][top_k][hidden]; only the `held` experts' pairs count (others' y 0).
 struct MoeCombineReference {
   std::vector<uint16_t> out;
   std::vector<double> y, y_abs;
 };
 MoeCombineReference ref_moe_combine(const std::vector<uint16_t>& act, const std::vector<uint16_t>& down,
                                     const std::vector<int32_t>& experts, const std::vector<float>& weights, int rows,
-                                    int top_k, int hidden, int intermediate);
+                                    int top_k, int hidden, int intermediate, ExpertRange held = {});
 
 // Y = X W^T in double from the BF16 inputs, and sum_k |x w| per output (the error scale).
 struct GemmReference {

@@ -5,6 +5,7 @@
 #include "fp4kv/engine/gpu_backend.h"
 #include "fp4kv/eval/recipe_setup.h"
 #include "fp4kv/model/byte_tokenizer.h"
+#include "fp4kv/model/tensor_parallel.h"
 #include "fp4kv/serve/serving.h"
 
 namespace fp4kv::serve {
@@ -14,23 +15,32 @@ GpuServing load_gpu_serving(const GpuServeSetup& setup) {
   s.recipe = check_serving_setup(setup.kv, setup.max_batch, setup.prefill_chunk);
   const model::Qwen3Config c = model::Qwen3Config::load_dir(setup.model_dir);
   model::require_byte_tokenizer(c, setup.model_dir);
-  engine::check_gpu_recipe(c, s.recipe);
+  const int ranks = setup.tensor_parallel;
+  const model::TpSlice slice = model::tp_slice(c, 0, ranks);  // every rank's shapes alike
+  model::Qwen3Config rank_shape = c;  // what one GPU's cache holds: its KV heads
+  rank_shape.num_attention_heads = slice.heads;
+  rank_shape.num_key_value_heads = slice.kv_heads;
+  engine::check_gpu_recipe(rank_shape, s.recipe);
   s.calibration = eval::calibration_for_recipe(&s.recipe, setup.model_dir, setup.calibration, c, {});
-  s.weights = std::make_unique<engine::GpuWeights>(engine::GpuWeights::load(setup.model_dir));
-  s.kv_budget_bytes =
-      setup.kv_budget_bytes > 0 ? setup.kv_budget_bytes : engine::gpu_kv_budget(setup.gpu_memory_utilization);
-  s.capacity = serving_capacity(s.recipe, c, s.kv_budget_bytes, setup.max_batch);
+  // The budget of GPU 0 (every rank's is alike) once its weights are in, before they load.
+  const long long weights_bytes = (long long)engine::GpuWeights::bytes_for(c, 0, ranks);
+  s.kv_budget_bytes = setup.kv_budget_bytes > 0
+                          ? setup.kv_budget_bytes
+                          : std::max(0LL, engine::gpu_kv_budget(setup.gpu_memory_utilization) - weights_bytes);
+  s.capacity = serving_capacity(s.recipe, rank_shape, s.kv_budget_bytes, setup.max_batch);
   s.codec = byte_codec();
   s.limits = model_limits(setup.model_dir, c);
-  engine::GpuModelOptions o;  // max_context: the model's; slots: one per running request
-  o.max_batch = setup.max_batch;
-  o.num_blocks = s.capacity.blocks;
-  o.prefill_chunk = engine::prefill_chunk_for(c, setup.prefill_chunk);  // the scheduler's chunks, tensor-core prefill
-  s.model = std::make_unique<engine::GpuModel>(*s.weights, s.recipe, s.calibration ? s.calibration->mu_k.data() : nullptr,
-                                               o);
-  s.model->prepare_steps(setup.max_batch);  // no step graph captured while serving
-  s.limits.context = std::min(s.limits.context, s.model->options().max_context);
-  s.engine = std::make_unique<engine::Engine>(std::make_unique<engine::GpuBackend>(*s.model),
+  engine::TensorParallelSpec spec;
+  spec.model = setup.model_dir;
+  spec.recipe = s.recipe;
+  if (s.calibration) spec.mu_k = s.calibration->mu_k;
+  spec.options.max_batch = setup.max_batch;  // max_context: the model's; slots: one per running request
+  spec.options.num_blocks = s.capacity.blocks;
+  spec.options.prefill_chunk = engine::prefill_chunk_for(c, setup.prefill_chunk);  // the scheduler's chunks
+  s.model = engine::load_step_model(spec, ranks);
+  s.model.model->prepare_steps(setup.max_batch);  // no step graph captured while serving
+  s.limits.context = std::min(s.limits.context, s.model.model->options().max_context);
+  s.engine = std::make_unique<engine::Engine>(std::make_unique<engine::GpuBackend>(*s.model.model),
                                               scheduler_config(setup.max_batch, s.capacity.blocks, setup.prefill_chunk),
                                               s.codec);
   return s;

@@ -1,7 +1,9 @@
 // What `fp4kv serve --device cuda` serves: a byte-level Qwen3 checkpoint's weights on the
-// GPU, the recipe's calibration when it needs one, a block pool cut from GPU memory (a
-// fraction of the device's memory after the weights, or an explicit budget), the GPU
-// engine's model over a cache of exactly those blocks, and an Engine over the GPU backend.
+// GPU (or split over GPUs 0 .. N-1 with tensor_parallel N), the recipe's calibration when it
+// needs one, a block pool cut from GPU memory (a fraction of the device's memory after the
+// weights, or an explicit budget; per GPU under tensor parallelism, where a block holds that
+// GPU's KV heads), the GPU engine's model over a cache of exactly those blocks, and an Engine
+// over the GPU backend.
 //
 // Invariants: the engine refers to the model, which refers to the weights held here, so a
 // GpuServing is moved whole or not at all (members in construction order, destroyed engine
@@ -16,6 +18,7 @@
 #include "fp4kv/engine/engine.h"
 #include "fp4kv/engine/gpu_model.h"
 #include "fp4kv/engine/gpu_weights.h"
+#include "fp4kv/engine/tensor_parallel_model.h"
 #include "fp4kv/eval/calibration.h"
 #include "fp4kv/serve/openai_api.h"
 
@@ -29,17 +32,17 @@ struct GpuServeSetup {
   long long kv_budget_bytes = 0;        // 0: gpu_memory_utilization of the device's memory
   double gpu_memory_utilization = 0.9;  // of the device's total memory, weights included
   int prefill_chunk = engine::kServingPrefillChunk;  // and the step's token budget
+  int tensor_parallel = 1;              // GPUs the model is split over
 };
 
 struct GpuServing {
-  std::unique_ptr<engine::GpuWeights> weights;
   std::unique_ptr<eval::Calibration> calibration;
   Recipe recipe;
   engine::CacheCapacity capacity;
   long long kv_budget_bytes = 0;
   engine::TextCodec codec;
   ModelLimits limits;
-  std::unique_ptr<engine::GpuModel> model;
+  engine::LoadedStepModel model;
   std::unique_ptr<engine::Engine> engine;
 };
 

@@ -97,10 +97,13 @@ struct BlockCase {
 
 // Routes random logits with the twin (the route test covers the kernel), then runs the expert
 // kernels and checks act and out against the twins within the bounds of the file comment.
-void check_block(const BlockCase& c, uint32_t seed) {
+// With a `held` range the kernels get only those experts' weights (a tensor-parallel rank's).
+void check_block(const BlockCase& c, uint32_t seed, ExpertRange held = {}) {
   const std::string what = "rows " + std::to_string(c.rows) + " experts " + std::to_string(c.experts) + " top_k " +
                            std::to_string(c.top_k) + " hidden " + std::to_string(c.hidden) + " intermediate " +
-                           std::to_string(c.intermediate);
+                           std::to_string(c.intermediate) + " held from " + std::to_string(held.first) + " count " +
+                           std::to_string(held.count);
+  const int first = held.first, count = held.count == 0 ? c.experts : held.count;
   const auto logits = random_bf16(size_t(c.rows) * c.experts, 0.0f, 2.0f, seed);
   const MoeRouteReference route = ref_moe_route(logits, c.rows, c.experts, c.top_k, true);
   const auto x = random_bf16(size_t(c.rows) * c.hidden, 0.0f, 1.0f, seed + 1);
@@ -112,18 +115,26 @@ void check_block(const BlockCase& c, uint32_t seed) {
   DeviceBuffer<int32_t> d_experts(route.experts);
   DeviceBuffer<float> d_weights(route.weights);
   DeviceBuffer<uint16_t> d_act(size_t(c.rows) * c.top_k * c.intermediate), d_out(size_t(c.rows) * c.hidden);
-  DeviceBuffer<uint8_t> scratch(moe_workspace_bytes(c.rows, c.top_k, c.hidden, c.experts));
-  const MoeWorkspace ws = moe_workspace(scratch.get(), c.rows, c.top_k, c.experts);
-  moe_experts({as_bf16(d_x), as_bf16(d_gate_up), d_experts.get(), as_bf16(d_act), c.rows, c.top_k, c.experts, c.hidden,
-               c.intermediate},
+  DeviceBuffer<uint8_t> scratch(moe_workspace_bytes(c.rows, c.top_k, c.hidden, count));
+  const MoeWorkspace ws = moe_workspace(scratch.get(), c.rows, c.top_k, count);
+  const __nv_bfloat16* held_gate_up = as_bf16(d_gate_up) + size_t(first) * 2 * c.intermediate * c.hidden;
+  const __nv_bfloat16* held_down = as_bf16(d_down) + size_t(first) * c.hidden * c.intermediate;
+  moe_experts({as_bf16(d_x), held_gate_up, d_experts.get(), as_bf16(d_act), c.rows, c.top_k, count, c.hidden,
+               c.intermediate, first},
               ws, nullptr);
-  moe_combine({as_bf16(d_act), as_bf16(d_down), d_experts.get(), d_weights.get(), as_bf16(d_out), c.rows, c.top_k,
-               c.experts, c.hidden, c.intermediate},
+  moe_combine({as_bf16(d_act), held_down, d_experts.get(), d_weights.get(), as_bf16(d_out), c.rows, c.top_k, count,
+               c.hidden, c.intermediate, first},
               ws, nullptr);
   const std::vector<uint16_t> act = d_act.download(), out = d_out.download();
 
-  const MoeExpertsReference er = ref_moe_experts(x, gate_up, route.experts, c.rows, c.top_k, c.hidden, c.intermediate);
+  const std::vector<uint16_t> held_gate_up_bits(gate_up.begin() + long(size_t(first) * 2 * c.intermediate * c.hidden),
+                                                gate_up.begin() + long(size_t(first + count) * 2 * c.intermediate * c.hidden));
+  const std::vector<uint16_t> held_down_bits(down.begin() + long(size_t(first) * c.hidden * c.intermediate),
+                                             down.begin() + long(size_t(first + count) * c.hidden * c.intermediate));
+  const MoeExpertsReference er =
+      ref_moe_experts(x, held_gate_up_bits, route.experts, c.rows, c.top_k, c.hidden, c.intermediate, held);
   for (size_t i = 0; i < act.size(); ++i) {
+    if (!held.holds(route.experts[i / size_t(c.intermediate)])) continue;  // another rank's pair: not written
     const double g = er.gate[i], u = er.up[i];
     const double dg = bf16_ulp(float(std::fabs(g))) + 2 * sum_error(c.hidden, er.gate_abs[i]);
     const double du = bf16_ulp(float(std::fabs(u))) + 2 * sum_error(c.hidden, er.up_abs[i]);
@@ -136,11 +147,12 @@ void check_block(const BlockCase& c, uint32_t seed) {
   }
   // The combine from the kernel's own act: its bound covers the down products and the fold.
   const MoeCombineReference cr =
-      ref_moe_combine(act, down, route.experts, route.weights, c.rows, c.top_k, c.hidden, c.intermediate);
+      ref_moe_combine(act, held_down_bits, route.experts, route.weights, c.rows, c.top_k, c.hidden, c.intermediate, held);
   for (int r = 0; r < c.rows; ++r) {
     for (int h = 0; h < c.hidden; ++h) {
       double tol = 0, running = 0;
       for (int j = 0; j < c.top_k; ++j) {
+        if (!held.holds(route.experts[size_t(r) * c.top_k + j])) continue;
         const size_t k = (size_t(r) * c.top_k + j) * c.hidden + h;
         const double w = route.weights[size_t(r) * c.top_k + j];
         const double dy = bf16_ulp(float(std::fabs(cr.y[k]))) + 2 * sum_error(c.intermediate, cr.y_abs[k]);
@@ -162,6 +174,19 @@ TEST(MoeGpu, ExpertsAndCombineMatchTwins) {
                             BlockCase{3, 4, 4, 8, 8}}) {
     check_block(c, seed);
     seed += 10;
+  }
+}
+
+// A tensor-parallel rank's experts: pairs of other experts are skipped, out sums only its own
+// (rows whose chosen experts all live elsewhere come out zero).
+TEST(MoeGpu, HeldExpertRangeMatchesTwin) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 500;
+  for (const BlockCase c : {BlockCase{1, 8, 2, 64, 48}, BlockCase{5, 16, 4, 64, 48}, BlockCase{64, 32, 8, 64, 32},
+                            BlockCase{9, 128, 8, 256, 96}}) {
+    for (const int ranks : {2, 4}) {
+      for (int r = 0; r < ranks; ++r) check_block(c, seed++, ExpertRange{r * c.experts / ranks, c.experts / ranks});
+    }
   }
 }
 

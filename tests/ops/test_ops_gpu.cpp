@@ -51,6 +51,28 @@ TEST(OpsGpu, EmbeddingGatherMatchesTwinAndFlagsBadIds) {
   }
 }
 
+// A vocabulary-parallel shard: ids outside it embed as zeros, ids outside the vocabulary flag.
+TEST(OpsGpu, EmbeddingShardMatchesTwin) {
+  SKIP_WITHOUT_GPU();
+  const int vocab = 1000, hidden = 264, first = 250, rows = 250;
+  const auto shard = random_bf16(size_t(rows) * hidden, 0.0f, 1.0f, 12);
+  const std::vector<int32_t> ids = {0, 249, 250, 499, 500, 999, 300, 1000, -1};
+  int32_t want_flags = 0;
+  const auto want = ref_embedding_gather(ids, shard, vocab, hidden, &want_flags, first, rows);
+  DeviceBuffer<uint16_t> d_table(shard), d_out(ids.size() * hidden);
+  DeviceBuffer<int32_t> d_ids(ids), d_flags(1);
+  d_out.fill_bytes(0xFF);
+  embedding_gather({d_ids.get(), int(ids.size()), as_bf16(d_table), vocab, hidden, as_bf16(d_out), d_flags.get(), first,
+                    rows},
+                   nullptr);
+  EXPECT_EQ(d_out.download(), want);
+  EXPECT_EQ(d_flags.download()[0], kErrorTokenOutOfRange);
+  EXPECT_THROW(embedding_gather({d_ids.get(), 1, as_bf16(d_table), vocab, hidden, as_bf16(d_out), d_flags.get(), 900,
+                                 rows},
+                                nullptr),
+               Error);
+}
+
 TEST(OpsGpu, RmsNormMatchesTwin) {
   SKIP_WITHOUT_GPU();
   uint32_t seed = 1;

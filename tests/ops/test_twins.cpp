@@ -48,6 +48,14 @@ TEST(Twins, EmbeddingFlagsBadIdsAndZeroesTheirRows) {
   EXPECT_EQ(out, bits_of({5, 6, 0, 0, 1, 2, 0, 0}));
 }
 
+TEST(Twins, EmbeddingShardZeroesIdsOutsideIt) {
+  const std::vector<uint16_t> shard = bits_of({3, 4});  // vocab 3, hidden 2: the shard holds id 1
+  int32_t flags = 0;
+  const auto out = ref_embedding_gather({2, 1, 0, 3}, shard, 3, 2, &flags, 1, 1);
+  EXPECT_EQ(flags, kErrorTokenOutOfRange);
+  EXPECT_EQ(out, bits_of({0, 0, 3, 4, 0, 0, 0, 0}));
+}
+
 TEST(Twins, RmsNormRoundsAtTheDocumentedPoints) {
   // x = (3, 4): ms = 12.5, r = 1/sqrt(12.5 + eps); h = bf16(x r); y = bf16(w h).
   const float eps = 1e-6f;

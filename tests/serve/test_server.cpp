@@ -501,9 +501,10 @@ TEST(ServeCli, DeviceCudaIsTheGpuOrAClearError) {
 }
 
 // --tensor-parallel above 1 ends the command before the port is taken, saying why (the model
-// does not split, or no NCCL / no multi-GPU step), on any machine.
+// does not split; the CPU engine does not split), on any machine.
 TEST(ServeCli, TensorParallelAboveOneIsAClearError) {
-  for (const auto& [ranks, message] : {std::pair<int, const char*>{3, "num_key_value_heads 2"}, {2, "NCCL"}}) {
+  for (const auto& [ranks, message] :
+       {std::pair<int, const char*>{3, "num_key_value_heads 2"}, {2, "the CPU engine runs on one machine"}}) {
     const auto [code, out] = serve_to_exit("--model " + std::string(FP4KV_SOURCE_DIR) +
                                            "/models/pk8l --device cpu --port 0 --tensor-parallel " +
                                            std::to_string(ranks));
