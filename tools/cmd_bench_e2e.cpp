@@ -33,6 +33,7 @@
 #include "fp4kv/engine/gpu_weights.h"
 #include "fp4kv/engine/tensor_parallel_model.h"
 #include "fp4kv/testing/bench_support.h"
+#include "tools/bench_model.h"
 #include "tools/bench_output.h"
 #include "tools/commands.h"
 #include "tools/csv_args.h"
@@ -64,14 +65,8 @@ struct E2eArgs {
   int tensor_parallel = 1;
 };
 
-// What every part measures on: the model (its whole config; with --tensor-parallel N the
-// per-GPU shape of its cache, KV heads / N, and no whole weights: each model loads its ranks).
 struct Run {
-  std::string model;
-  int ranks = 1;
-  const engine::GpuWeights* w = nullptr;  // one GPU: the weights every preset's model shares
-  model::Qwen3Config config;              // the whole model
-  model::Qwen3Config gpu_shape;           // what one GPU's cache holds
+  const BenchModel& model;
   double read_tbs = 0;
   nlohmann::json j;
   std::string md;
@@ -81,40 +76,16 @@ engine::CacheShape shape_of(const model::Qwen3Config& c) {
   return {c.num_hidden_layers, c.num_key_value_heads, c.head_dim};
 }
 
-// The engine's model of one preset: over the shared weights on one GPU, or the ranks' own.
-engine::LoadedStepModel make_model(const Run& run, const Recipe& r, const engine::GpuModelOptions& o) {
-  if (run.ranks == 1) return {nullptr, std::make_unique<engine::GpuModel>(*run.w, r, nullptr, o)};
-  engine::TensorParallelSpec spec;
-  spec.model = run.model;
-  spec.recipe = r;  // random weights: no calibration (keys not smoothed)
-  spec.options = o;
-  return engine::load_step_model(spec, run.ranks);
-}
-
-// Weight bytes one GPU reads in a step of `batch` rows.
-double step_weight_bytes(const Run& run, int batch) {
-  return double(run.w ? run.w->step_read_bytes(batch)
-                      : engine::GpuWeights::step_read_bytes_for(run.config, 0, run.ranks, batch));
-}
-
-// One GPU's KV budget: with the whole weights loaded (one GPU), or less a rank's weights
-// (loaded later, per preset).
-long long kv_budget(const Run& run, double utilization) {
-  const long long budget = engine::gpu_kv_budget(utilization);
-  if (run.w) return budget;
-  return std::max(0LL, budget - (long long)engine::GpuWeights::bytes_for(run.config, 0, run.ranks));
-}
-
 // ---- TPOT ----
 void tpot_part(Run& run, const E2eArgs& A) {
-  const model::Qwen3Config& c = run.gpu_shape;
+  const model::Qwen3Config& c = run.model.gpu_shape();
   run.md += "\n### TPOT (graph step, median of " + std::to_string(A.runs) + "; random K/V, speed only)\n\n"
             "| preset | context | batch | TPOT ms | x bf16 | / BF16 floor | KV GB |\n|---|---|---|---|---|---|---|\n";
   for (int ctx : positive_ints(A.tpot_contexts, "--tpot-contexts"))
     for (int batch : positive_ints(A.tpot_batches, "--tpot-batches")) {
       const long long pages = (ctx + 2 * kPageTokens - 1) / kPageTokens;
       const double bf16_floor_us =
-          (step_weight_bytes(run, batch) + cache_bytes(c, parse_recipe("bf16"), batch, ctx / kPageTokens)) / (run.read_tbs * 1e12) * 1e6;
+          (run.model.step_weight_bytes(batch) + cache_bytes(c, parse_recipe("bf16"), batch, ctx / kPageTokens)) / (run.read_tbs * 1e12) * 1e6;
       double bf16_us = 0;
       for (const std::string& preset : split_csv(A.presets)) {
         const Recipe r = parse_recipe(preset);
@@ -130,7 +101,7 @@ void tpot_part(Run& run, const E2eArgs& A) {
           o.tune_gemms = true;  // the benchmarks measure the fastest plans
           o.max_batch = batch;
           o.max_context = int(pages * kPageTokens);
-          const engine::LoadedStepModel loaded = make_model(run, r, o);
+          const engine::LoadedStepModel loaded = run.model.make(r, o);
           engine::StepModel& m = *loaded.model;
           const engine::StepRows rows = rows_at(m, batch, ctx);
           m.fill_random_context(rows, ctx, kFillSeed);
@@ -218,7 +189,7 @@ ThroughputPoint run_concurrency(engine::Engine& e, int n, int context, int outpu
 }
 
 void throughput_part(Run& run, const E2eArgs& A) {
-  const model::Qwen3Config& c = run.config;
+  const model::Qwen3Config& c = run.model.config();
   const std::vector<int> levels = positive_ints(A.concurrency, "--concurrency");
   const int max_batch = *std::max_element(levels.begin(), levels.end());
   run.md += "\n### Throughput vs concurrency (" + std::to_string(A.throughput_context) + "-token prompts, " +
@@ -231,13 +202,13 @@ void throughput_part(Run& run, const E2eArgs& A) {
   for (const std::string& preset : split_csv(A.presets)) {
     const Recipe r = parse_recipe(preset);
     const engine::CacheCapacity cap =
-        engine::cache_capacity(r.kv, shape_of(run.gpu_shape), kv_budget(run, A.gpu_memory_utilization), max_batch);
+        engine::cache_capacity(r.kv, shape_of(run.model.gpu_shape()), run.model.kv_budget(A.gpu_memory_utilization), max_batch);
     engine::GpuModelOptions o;
     o.tune_gemms = true;  // the benchmarks measure the fastest plans
     o.max_batch = max_batch;
     o.max_context = A.throughput_context + A.output_tokens + kPageTokens;
     o.num_blocks = cap.blocks;
-    const engine::LoadedStepModel loaded = make_model(run, r, o);
+    const engine::LoadedStepModel loaded = run.model.make(r, o);
     engine::StepModel& m = *loaded.model;
     m.prepare_steps(max_batch);  // every batch size's plans and graph before the clock starts, as a server
     engine::SchedulerConfig sc;
@@ -264,7 +235,7 @@ void throughput_part(Run& run, const E2eArgs& A) {
       std::fflush(stdout);
       run.md += line;
       run.j["throughput"].push_back({{"preset", preset}, {"pool_tokens", cap.tokens()}, {"requests", pt.requests},
-                                     {"output_tokens_per_s", rate}, {"per_gpu_tokens_per_s", rate / run.ranks},
+                                     {"output_tokens_per_s", rate}, {"per_gpu_tokens_per_s", rate / run.model.ranks()},
                                      {"peak_running", pt.peak_running},
                                      {"preemptions", pt.preemptions}, {"completed", pt.completed},
                                      {"seconds", pt.seconds}, {"prompt_step_seconds", pt.prompt_step_seconds},
@@ -283,7 +254,7 @@ void overhead_part(Run& run, const E2eArgs& A) {
     o.tune_gemms = true;  // the benchmarks measure the fastest plans
     o.max_batch = 1;
     o.max_context = kOverheadContext + kPageTokens;
-    const engine::LoadedStepModel loaded = make_model(run, parse_recipe(preset), o);
+    const engine::LoadedStepModel loaded = run.model.make(parse_recipe(preset), o);
     engine::StepModel& m = *loaded.model;
     const engine::StepRows rows = rows_at(m, 1, kOverheadContext);
     m.fill_random_context(rows, kOverheadContext, kFillSeed);
@@ -309,8 +280,8 @@ void overhead_part(Run& run, const E2eArgs& A) {
 
 // ---- capacity and the 1M-token context ----
 void capacity_part(Run& run, const E2eArgs& A) {
-  const model::Qwen3Config& c = run.gpu_shape;
-  const long long budget = kv_budget(run, A.gpu_memory_utilization);
+  const model::Qwen3Config& c = run.model.gpu_shape();
+  const long long budget = run.model.kv_budget(A.gpu_memory_utilization);
   run.md += "\n### Capacity (one request, KV budget " + std::to_string(budget / (1LL << 20)) + " MiB)\n\n"
             "| preset | longest context (tokens) |\n|---|---|\n";
   for (const std::string& preset : split_csv(A.presets)) {
@@ -330,7 +301,7 @@ void capacity_part(Run& run, const E2eArgs& A) {
   o.max_batch = 1;
   o.max_context = int(pages * kPageTokens);
   o.num_blocks = int(pages);
-  const engine::LoadedStepModel loaded = make_model(run, r, o);
+  const engine::LoadedStepModel loaded = run.model.make(r, o);
   engine::StepModel& m = *loaded.model;
   const engine::StepRows rows = rows_at(m, 1, kMillion);
   m.fill_random_tokens(rows, 0, kMillion, kFillSeed, kFillChunk);
@@ -363,33 +334,20 @@ int run_bench_e2e(const E2eArgs& A) {
     require(p == "tpot" || p == "throughput" || p == "overhead" || p == "capacity",
             "--parts: unknown part '" + p + "' (tpot, throughput, overhead, capacity)");
   for (const std::string& p : split_csv(A.presets)) parse_recipe(p);  // fail before the work
-  check_tensor_parallel(A.tensor_parallel, A.model, /*on_gpu=*/true);
-  Run run;
-  run.model = A.model;
-  run.ranks = A.tensor_parallel;
-  std::unique_ptr<engine::GpuWeights> whole;
-  if (run.ranks == 1) {
-    whole = std::make_unique<engine::GpuWeights>(engine::GpuWeights::from_spec(A.model));
-    run.w = whole.get();
-    run.config = whole->config();
-  } else {
-    require(model_config_of(A.model, &run.config), "--model: '" + A.model + "' is neither a checkpoint directory nor NAME:random");
-  }
-  run.gpu_shape = run.config;
-  run.gpu_shape.num_attention_heads /= run.ranks;
-  run.gpu_shape.num_key_value_heads /= run.ranks;
-  const double weight_bytes = double(engine::GpuWeights::bytes_for(run.config, 0, run.ranks));
+  const BenchModel model(A.model, A.tensor_parallel);
+  Run run{model, 0.0, {}, {}};
   double copy_tbs = 0;
   testing::measure_bandwidth(run.read_tbs, copy_tbs);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  run.j = {{"model", A.model}, {"device", prop.name}, {"read_tbs", run.read_tbs}, {"weight_bytes", weight_bytes},
-           {"tensor_parallel", run.ranks}};
+  const int ranks = model.ranks();
+  run.j = {{"model", A.model}, {"device", prop.name}, {"read_tbs", run.read_tbs}, {"weight_bytes", model.weight_bytes()},
+           {"tensor_parallel", ranks}};
   run.md = "## fp4kv bench e2e: " + A.model + " on " + prop.name + " (read " + std::to_string(run.read_tbs).substr(0, 4) +
-           " TB/s, weights " + std::to_string(weight_bytes / 1e9).substr(0, 5) + " GB" +
-           (run.ranks > 1 ? " per GPU; tensor parallel over " + std::to_string(run.ranks) +
-                                " GPUs: KV sizes, floors and capacities per GPU, tokens/s of the group"
-                          : "") +
+           " TB/s, weights " + std::to_string(model.weight_bytes() / 1e9).substr(0, 5) + " GB" +
+           (ranks > 1 ? " per GPU; tensor parallel over " + std::to_string(ranks) +
+                            " GPUs: KV sizes, floors and capacities per GPU, tokens/s of the group"
+                      : "") +
            ")\n";
   std::printf("%s", run.md.c_str());
   if (wants("tpot")) tpot_part(run, A);

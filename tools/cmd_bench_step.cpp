@@ -2,8 +2,10 @@
 // (random weights, `NAME:random`) over a cache filled to a context through the real prefill
 // and quantization path (random K/V: speed only), per preset, context and batch: time per
 // step as a replayed CUDA graph and eager, the eager step's breakdown (GEMMs, attention,
-// cache, other), and the weight-read floor (weight bytes / the read bandwidth measured in
-// the same run). Points whose cache does not fit in GPU memory are reported, not run.
+// cache, collectives, other), and the weight-read floor (weight bytes / the read bandwidth
+// measured in the same run). Points whose cache does not fit in GPU memory are reported, not
+// run. With --tensor-parallel N the model is split over N GPUs (bench_model.h): the floor,
+// cache sizes and breakdown are rank 0's, and "collectives" is the all-reduces' share.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "fp4kv/engine/gpu_model.h"
 #include "fp4kv/engine/gpu_weights.h"
 #include "fp4kv/testing/bench_support.h"
+#include "tools/bench_model.h"
 #include "tools/bench_output.h"
 #include "tools/commands.h"
 #include "tools/csv_args.h"
@@ -33,7 +36,7 @@ namespace {
 
 struct StepBenchArgs {
   std::string model = "qwen3-4b:random", presets = "bf16,nvfp4", contexts = "4096,32768", batches = "1,64";
-  int runs = 20;
+  int runs = 20, tensor_parallel = 1;
   std::string json = "bench_step.json", markdown = "bench_step.md";
 };
 
@@ -45,7 +48,7 @@ struct StepPoint {
   bool ran = false;
 };
 
-StepPoint run_point(const engine::GpuWeights& w, const std::string& preset, int context, int batch, int runs) {
+StepPoint run_point(const BenchModel& model, const std::string& preset, int context, int batch, int runs) {
   StepPoint pt;
   pt.preset = preset;
   pt.context = context;
@@ -56,12 +59,13 @@ StepPoint run_point(const engine::GpuWeights& w, const std::string& preset, int 
   o.max_batch = batch;
   o.max_context = context + cache::kPage;
   const int pages = (o.max_context + cache::kPage - 1) / cache::kPage;
-  pt.cache_gb = cache_bytes(w.config(), r, batch, pages) / 1e9;
+  pt.cache_gb = cache_bytes(model.gpu_shape(), r, batch, pages) / 1e9;
   if (!cache_fits_on_device(pt.cache_gb * 1e9)) {
     pt.note = "cache of " + std::to_string(pt.cache_gb) + " GB does not fit beside the weights";
     return pt;
   }
-  engine::GpuModel m(w, r, nullptr, o);  // random weights: no calibration (keys not smoothed)
+  const engine::LoadedStepModel loaded = model.make(r, o);
+  engine::StepModel& m = *loaded.model;
   const engine::StepRows rows = rows_at(m, batch, context);
   m.fill_random_context(rows, context, kFillSeed);
   for (int i = 0; i < kWarmupSteps; ++i) m.step(rows);
@@ -78,30 +82,31 @@ StepPoint run_point(const engine::GpuWeights& w, const std::string& preset, int 
 int run_bench_step(const StepBenchArgs& A) {
   check_output_writable(A.json, "--json");
   check_output_writable(A.markdown, "--markdown");
-  const engine::GpuWeights w = engine::GpuWeights::from_spec(A.model);
+  const BenchModel model(A.model, A.tensor_parallel);
   double read_tbs = 0, copy_tbs = 0;
   testing::measure_bandwidth(read_tbs, copy_tbs);
   // The weight-read floor of a step of `batch` rows (a MoE model reads only the chosen experts).
-  auto floor_of = [&](int batch) { return double(w.step_read_bytes(batch)) / (read_tbs * 1e12) * 1e6; };
+  auto floor_of = [&](int batch) { return model.step_weight_bytes(batch) / (read_tbs * 1e12) * 1e6; };
   const double floor_us = floor_of(1);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("%s on %s: weights %.2f GB, read %.2f TB/s -> weight-read floor %.0f us per step\n", A.model.c_str(),
-              prop.name, w.bytes() / 1e9, read_tbs, floor_us);
+  std::printf("%s on %s: weights %.2f GB%s, read %.2f TB/s -> weight-read floor %.0f us per step\n", A.model.c_str(),
+              prop.name, model.weight_bytes() / 1e9, model.ranks() > 1 ? " per GPU" : "", read_tbs, floor_us);
   std::printf("%-14s %7s %5s %10s %10s %7s %9s %9s %9s %9s %9s %8s\n", "preset", "ctx", "batch", "graph_us", "eager_us",
               "x_floor", "gemm_us", "attn_us", "cache_us", "coll_us", "other_us", "KV_GB");
   nlohmann::json j;
   j["model"] = A.model;
   j["device"] = prop.name;
   j["read_tbs"] = read_tbs;
-  j["weight_bytes"] = double(w.bytes());
+  j["weight_bytes"] = model.weight_bytes();
+  j["tensor_parallel"] = model.ranks();
   j["weight_floor_us"] = floor_us;
   std::string md = "| preset | context | batch | step (graph) us | eager us | / weight floor | GEMM us | attention us | "
                    "cache us | collectives us | other us | KV GB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (int ctx : positive_ints(A.contexts, "--contexts"))
     for (int batch : positive_ints(A.batches, "--batches"))
       for (const std::string& preset : split_csv(A.presets)) {
-        const StepPoint p = run_point(w, preset, ctx, batch, A.runs);
+        const StepPoint p = run_point(model, preset, ctx, batch, A.runs);
         nlohmann::json e = {{"preset", p.preset}, {"context", p.context}, {"batch", p.batch}, {"kv_gb", p.cache_gb}};
         char line[400];
         if (!p.ran) {
@@ -147,6 +152,7 @@ Action add_bench_step(CLI::App& bench) {
   cmd->add_option("--runs", a->runs, "timed steps per point (median)")->capture_default_str()->check(CLI::Range(1, 10000));
   cmd->add_option("--json", a->json, "JSON output")->capture_default_str();
   cmd->add_option("--markdown", a->markdown, "markdown table output")->capture_default_str();
+  cmd->add_option("--tensor-parallel", a->tensor_parallel, "GPUs to split the model over (NCCL)")->capture_default_str();
   return [a, cmd] { return cmd->parsed() ? run_bench_step(*a) : 1; };
 }
 
