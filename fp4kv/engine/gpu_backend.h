@@ -1,6 +1,7 @@
-// The GPU engine as the scheduler's backend (backend.h): each request's K/V lives in the
-// GpuModel's paged cache, in blocks it takes from a pool of the cache's own blocks as it
-// grows (a BlockAllocator over the cache's num_blocks, the same count the scheduler's pool
+// The GPU engine as the scheduler's backend (backend.h), over a StepModel (one GPU's
+// GpuModel, or a tensor-parallel group whose ranks share one block numbering): each
+// request's K/V lives in the model's paged cache, in blocks it takes from a pool of the
+// cache's own blocks as it grows (a BlockAllocator over the cache's num_blocks, the same count the scheduler's pool
 // is given, so the scheduler's admission guarantees every reserve here). A prefill chunk
 // runs as decode steps of its one request (gpu_model.h: prefill is decode steps); a decode
 // step runs every request of the batch as one row.

@@ -118,8 +118,9 @@ inline void check_gpu_recipe(const model::Qwen3Config& c, const Recipe& recipe) 
 }
 
 // The weight GEMMs of a decode step (of the weights' slice): each one's shape at `batch` rows
-// and the matrices a step multiplies with it (every layer's, in layer order; the LM head's one). The dense MLP's GEMMs
-// exist only with a dense layer, the router's only with a sparse (MoE) one.
+// and the matrices a step multiplies with it (every layer's, in layer order; the LM head's
+// one). The dense MLP's GEMMs exist only with a dense layer, the router's only with a sparse
+// (MoE) one.
 enum class StepGemmKind { qkv, o, gate_up, down, router, lm_head };
 inline constexpr int kStepGemmKinds = 6;
 struct StepGemm {

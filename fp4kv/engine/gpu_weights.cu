@@ -54,23 +54,13 @@ __device__ __forceinline__ float uniform_symmetric(uint64_t seed, size_t i, floa
   return (2.0f * u - 1.0f) * amplitude;
 }
 
-// A block of a random [..][full_cols] tensor: out[r][c] = its element (row0 + r, col0 + c), so
-// a tensor-parallel rank's slice holds exactly the whole tensor's values.
-struct TensorPiece {
-  size_t row0, rows, col0, cols, full_cols;
-};
-__global__ void fill_random_kernel(__nv_bfloat16* out, TensorPiece p, uint64_t seed, float amplitude) {
-  const size_t n = p.rows * p.cols;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const size_t r = i / p.cols, c = i % p.cols;
-    out[i] = __float2bfloat16(uniform_symmetric(seed, (p.row0 + r) * p.full_cols + p.col0 + c, amplitude));
-  }
-}
-
-__global__ void fill_random_float_kernel(float* out, RandomRows p, uint64_t seed, float amplitude) {
+// Rows of a random [..][full_cols] tensor (RandomRows): a tensor-parallel rank's slice, or a
+// chunk of tokens, holds exactly the whole tensor's values there.
+template <class T>
+__global__ void fill_random_kernel(T* out, RandomRows p, uint64_t seed, float amplitude) {
   const size_t n = p.rows * p.cols;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    out[i] = uniform_symmetric(seed, p.first + (i / p.cols) * p.full_cols + i % p.cols, amplitude);
+    out[i] = T(uniform_symmetric(seed, p.first + (i / p.cols) * p.full_cols + i % p.cols, amplitude));
 }
 
 __global__ void fill_value_kernel(__nv_bfloat16* out, size_t n, float value) {
@@ -171,7 +161,7 @@ void upload_experts(const model::SafetensorsArchive& archive, const model::Qwen3
 
 void fill_random_rows(float* out, const RandomRows& rows, uint64_t seed, float amplitude, cudaStream_t stream) {
   require(rows.cols > 0 && rows.full_cols >= rows.cols, "fill_random_rows: bad shape");
-  fill_random_float_kernel<<<1024, 256, 0, stream>>>(out, rows, seed, amplitude);
+  fill_random_kernel<<<1024, 256, 0, stream>>>(out, rows, seed, amplitude);
   cache::cuda_check_launch("fill_random_rows");
 }
 
@@ -322,18 +312,19 @@ GpuWeights GpuWeights::random(const model::Qwen3Config& shape, uint64_t seed, in
   const float amplitude = kRandomStd * kUniformAmplitudePerStd;
   // Each whole tensor has its own stream of values; a rank's slice takes its pieces of it.
   uint64_t stream_id = 0;
-  auto fill = [&](const __nv_bfloat16* out, std::initializer_list<TensorPiece> pieces) {
+  auto fill = [&](const __nv_bfloat16* out, std::initializer_list<RandomRows> pieces) {
     const uint64_t tensor_seed = seed * 0x100000001B3ull + (++stream_id << 40);
     auto* p = const_cast<__nv_bfloat16*>(out);
-    for (const TensorPiece& piece : pieces) {
+    for (const RandomRows& piece : pieces) {
       fill_random_kernel<<<1024, 256>>>(p, piece, tensor_seed, amplitude);
       cache::cuda_check_launch("GpuWeights::random");
       p += piece.rows * piece.cols;
     }
   };
-  auto rows = [](size_t row0, size_t count, size_t cols) { return TensorPiece{row0, count, 0, cols, cols}; };
+  // Rows [row0, row0 + count) of a [..][cols] tensor; columns [col0, col0 + count) of [rows][full_cols].
+  auto rows = [](size_t row0, size_t count, size_t cols) { return RandomRows{count, cols, cols, row0 * cols}; };
   auto cols = [](size_t rows, size_t col0, size_t count, size_t full_cols) {
-    return TensorPiece{0, rows, col0, count, full_cols};
+    return RandomRows{rows, count, full_cols, col0};
   };
   auto ones = [&](const __nv_bfloat16* out, size_t n) {
     fill_value_kernel<<<64, 256>>>(const_cast<__nv_bfloat16*>(out), n, 1.0f);
