@@ -2,6 +2,7 @@
 // (with its rank-order sum kernel) and the NCCL group.
 #include "fp4kv/engine/device_collective.h"
 
+#include <atomic>
 #include <string>
 
 #include "fp4kv/cache/cuda_check.h"
@@ -79,12 +80,12 @@ class SameDeviceGroup::Member final : public DeviceCollective {
   void post(const void* buffer, cudaStream_t stream) {
     cuda_check(cudaStreamSynchronize(stream), "SameDeviceGroup: the rank's stream");
     group_.posted_[size_t(rank_)] = buffer;
-    group_.arrive_.arrive_and_wait();
+    group_.barrier_.arrive_and_wait();
   }
   // Every rank is done reading the posted buffers (so none is overwritten early).
   void leave(cudaStream_t stream) {
     cuda_check(cudaStreamSynchronize(stream), "SameDeviceGroup: the rank's stream");
-    group_.leave_.arrive_and_wait();
+    group_.barrier_.arrive_and_wait();
   }
   void reserve(size_t n) {
     if (n <= sum_elements_) return;
@@ -100,10 +101,32 @@ class SameDeviceGroup::Member final : public DeviceCollective {
   size_t sum_elements_ = 0;
 };
 
-SameDeviceGroup::SameDeviceGroup(int ranks)
-    : arrive_(checked_ranks(ranks, "SameDeviceGroup")), leave_(ranks), posted_(size_t(ranks), nullptr) {
+void SameDeviceGroup::Barrier::arrive_and_wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (aborted_) throw CollectiveAborted("tensor parallelism: the group was aborted (another rank failed)");
+  const long long generation = generation_;
+  if (++arrived_ == ranks_) {
+    arrived_ = 0;
+    ++generation_;
+    all_arrived_.notify_all();
+    return;
+  }
+  all_arrived_.wait(lock, [&] { return generation_ != generation || aborted_; });
+  if (generation_ == generation)
+    throw CollectiveAborted("tensor parallelism: the group was aborted (another rank failed)");
+}
+
+void SameDeviceGroup::Barrier::abort() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  aborted_ = true;
+  all_arrived_.notify_all();
+}
+
+SameDeviceGroup::SameDeviceGroup(int ranks) : barrier_(checked_ranks(ranks, "SameDeviceGroup")), posted_(size_t(ranks), nullptr) {
   for (int r = 0; r < ranks; ++r) members_.push_back(std::make_unique<Member>(*this, r));
 }
+
+void SameDeviceGroup::abort() { barrier_.abort(); }
 
 SameDeviceGroup::~SameDeviceGroup() = default;
 
@@ -124,20 +147,31 @@ void nccl_check(ncclResult_t result, const std::string& what) {
 class NcclGroup::Member final : public DeviceCollective {
  public:
   Member(ncclComm_t comm, int rank, int ranks) : comm_(comm), rank_(rank), ranks_(ranks) {}
-  ~Member() override { ncclCommDestroy(comm_); }
+  ~Member() override {
+    if (!aborted_) ncclCommDestroy(comm_);
+  }
   int rank() const override { return rank_; }
   int ranks() const override { return ranks_; }
   bool capturable() const override { return true; }
   void all_reduce_sum(__nv_bfloat16* data, size_t n, cudaStream_t stream) override {
+    check_live();
     nccl_check(ncclAllReduce(data, data, n, ncclBfloat16, ncclSum, comm_, stream), "NCCL all-reduce");
   }
   void all_gather(const float* in, size_t n, float* out, cudaStream_t stream) override {
+    check_live();
     nccl_check(ncclAllGather(in, out, n, ncclFloat32, comm_, stream), "NCCL all-gather");
+  }
+  void abort() {
+    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
   }
 
  private:
+  void check_live() const {
+    if (aborted_) throw CollectiveAborted("tensor parallelism: the NCCL group was aborted (another rank failed)");
+  }
   ncclComm_t comm_;
   int rank_, ranks_;
+  std::atomic<bool> aborted_{false};
 };
 
 bool have_nccl() { return true; }
@@ -157,11 +191,17 @@ NcclGroup::NcclGroup(const std::vector<int>& devices) : devices_(devices) {
   for (int r = 0; r < n; ++r) members_.push_back(std::make_unique<Member>(comms[size_t(r)], r, n));
 }
 
+void NcclGroup::abort() {
+  for (auto& m : members_) m->abort();
+}
+
 #else
 
 bool have_nccl() { return false; }
 
 class NcclGroup::Member : public DeviceCollective {};  // never made: the constructor throws
+
+void NcclGroup::abort() {}
 
 NcclGroup::NcclGroup(const std::vector<int>& devices) : devices_(devices) {
   throw Error("tensor parallelism across GPUs runs over NCCL, and this build has no NCCL (it was not found at "

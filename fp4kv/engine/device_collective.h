@@ -13,6 +13,11 @@
 //                    others, so it cannot be captured (capturable() false: the model runs
 //                    eagerly), and it is no speed measure.
 //
+// Failure: a rank that fails outside the collectives leaves the others waiting in one. The
+// group's abort() (any thread) ends every pending and later operation of every rank with a
+// CollectiveAborted error (NCCL: ncclCommAbort, whose kernels then return); the group is then
+// unusable.
+//
 // Determinism: a SameDeviceGroup sum adds the ranks' values in rank order in FP32 and rounds
 // once to BF16, on every rank (bit-identical results everywhere; NCCL's two-rank sum is the
 // same single rounding). A 1-rank group is the identity.
@@ -21,12 +26,21 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-#include <barrier>
+#include <condition_variable>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <vector>
 
+#include "fp4kv/core/error.h"
+
 namespace fp4kv::engine {
+
+// What a rank's collective throws once its group is aborted.
+class CollectiveAborted : public Error {
+ public:
+  explicit CollectiveAborted(const std::string& what) : Error(what) {}
+};
 
 inline constexpr int kMaxTensorParallelRanks = 8;  // the GPUs of one host
 
@@ -54,10 +68,26 @@ class SameDeviceGroup {
   int ranks() const { return int(members_.size()); }
   // Rank r's collective; each used by one thread, all ranks concurrently.
   DeviceCollective& member(int r);
+  void abort();
 
  private:
   class Member;
-  std::barrier<> arrive_, leave_;   // every rank posted its buffer / every rank is done reading
+  // All ranks meet here twice per operation (every rank posted its buffer / every rank is done
+  // reading); abort() wakes the waiters with CollectiveAborted.
+  class Barrier {
+   public:
+    explicit Barrier(int ranks) : ranks_(ranks) {}
+    void arrive_and_wait();
+    void abort();
+
+   private:
+    std::mutex mutex_;
+    std::condition_variable all_arrived_;
+    int ranks_, arrived_ = 0;
+    long long generation_ = 0;
+    bool aborted_ = false;
+  };
+  Barrier barrier_;
   std::vector<const void*> posted_;  // per rank: the device buffer of the current operation
   std::vector<std::unique_ptr<Member>> members_;
 };
@@ -78,6 +108,7 @@ class NcclGroup {
   int ranks() const { return int(members_.size()); }
   int device(int r) const { return devices_[size_t(r)]; }
   DeviceCollective& member(int r);
+  void abort();
 
  private:
   class Member;

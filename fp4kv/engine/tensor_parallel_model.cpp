@@ -3,6 +3,8 @@
 #include "fp4kv/engine/tensor_parallel_model.h"
 
 #include <condition_variable>
+#include <algorithm>
+#include <chrono>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -13,7 +15,8 @@
 
 namespace fp4kv::engine {
 
-// A rank's thread: runs one posted job at a time.
+// A rank's thread: runs one posted job at a time and reports its end (with the job's
+// exception, if it threw) through the job's own callback.
 class TensorParallelModel::Worker {
  public:
   Worker() : thread_([this] { loop(); }) {}
@@ -25,31 +28,27 @@ class TensorParallelModel::Worker {
     posted_.notify_all();
     thread_.join();
   }
-  void post(std::function<void()> job) {
+  void post(std::function<void()> job, std::function<void(std::exception_ptr)> done) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       job_ = std::move(job);
-      error_ = nullptr;
-      pending_ = true;
+      done_ = std::move(done);
     }
     posted_.notify_all();
-  }
-  // Waits for the posted job; its exception, if it threw.
-  std::exception_ptr wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return !pending_; });
-    return error_;
   }
 
  private:
   void loop() {
     for (;;) {
       std::function<void()> job;
+      std::function<void(std::exception_ptr)> done;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        posted_.wait(lock, [this] { return pending_ || stop_; });
-        if (!pending_) return;
+        posted_.wait(lock, [this] { return job_ || stop_; });
+        if (!job_) return;
         job = std::move(job_);
+        done = std::move(done_);
+        job_ = nullptr;
       }
       std::exception_ptr error;
       try {
@@ -57,20 +56,15 @@ class TensorParallelModel::Worker {
       } catch (...) {
         error = std::current_exception();
       }
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        error_ = error;
-        pending_ = false;
-      }
-      done_.notify_all();
+      done(error);
     }
   }
 
   std::mutex mutex_;
-  std::condition_variable posted_, done_;
+  std::condition_variable posted_;
   std::function<void()> job_;
-  bool pending_ = false, stop_ = false;
-  std::exception_ptr error_;
+  std::function<void(std::exception_ptr)> done_;
+  bool stop_ = false;
   std::thread thread_;  // last: starts once the members above exist
 };
 
@@ -87,6 +81,7 @@ TensorParallelModel::TensorParallelModel(std::unique_ptr<SameDeviceGroup> same_d
 }
 
 TensorParallelModel::~TensorParallelModel() {
+  failed_.clear();  // the teardown runs on a failed group too (its collectives were aborted)
   try {  // each rank's model and weights freed on its own thread (its device current)
     on_ranks([this](int r) {
       ranks_[size_t(r)]->model.reset();
@@ -96,20 +91,93 @@ TensorParallelModel::~TensorParallelModel() {
   }
 }
 
+namespace {
+// How long the other ranks get to finish a call after one rank failed in it.
+constexpr std::chrono::seconds kAbortGrace{10};
+
+bool is_abort(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const CollectiveAborted&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an unknown error";
+  }
+}
+}  // namespace
+
+// One call on every rank. A rank that fails while others still run past kAbortGrace may leave
+// them waiting in a collective: the group is aborted (their collectives throw
+// CollectiveAborted) and marked failed. Errors every rank raises alike (bad rows, options:
+// before any collective) leave the group usable.
 void TensorParallelModel::on_ranks(const std::function<void(int rank)>& fn) const {
+  require(failed_.empty(), "tensor parallelism: the group failed earlier (" + failed_ + "); build it again");
+  struct Round {  // shared with the workers' callbacks, which may run past this call's return
+    std::mutex mutex;
+    std::condition_variable changed;
+    int pending = 0;
+    std::vector<std::exception_ptr> errors;
+  };
+  const auto round = std::make_shared<Round>();
+  round->pending = ranks();
+  round->errors.resize(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
     const int device = ranks_[r]->device;
-    ranks_[r]->worker->post([&fn, r, device] {
-      cache::cuda_check(cudaSetDevice(device), "tensor parallelism: rank " + std::to_string(r) + "'s device");
-      fn(int(r));
-    });
+    ranks_[r]->worker->post(
+        [&fn, r, device] {
+          cache::cuda_check(cudaSetDevice(device), "tensor parallelism: rank " + std::to_string(r) + "'s device");
+          fn(int(r));
+        },
+        [round, r](std::exception_ptr e) {
+          std::lock_guard<std::mutex> lock(round->mutex);
+          round->errors[r] = e;
+          --round->pending;
+          round->changed.notify_all();
+        });
   }
-  std::exception_ptr first;
-  for (const auto& rank : ranks_) {
-    std::exception_ptr e = rank->worker->wait();
-    if (e && !first) first = e;
+  bool aborted = false;
+  std::vector<std::exception_ptr> errors;
+  {
+    std::unique_lock<std::mutex> lock(round->mutex);
+    const auto any_error = [&] {
+      return std::any_of(round->errors.begin(), round->errors.end(), [](const std::exception_ptr& e) { return bool(e); });
+    };
+    round->changed.wait(lock, [&] { return round->pending == 0 || any_error(); });
+    // A rank failed: the others either fail alike soon (a check every rank makes) or may be
+    // waiting in a collective for it; after the grace, free them (abort the group).
+    if (!round->changed.wait_for(lock, kAbortGrace, [&] { return round->pending == 0; })) {
+      aborted = true;
+      lock.unlock();
+      abort_group();
+      lock.lock();
+      round->changed.wait(lock, [&] { return round->pending == 0; });
+    }
+    errors = round->errors;
   }
-  if (first) std::rethrow_exception(first);
+  std::exception_ptr first;  // the lowest rank's own error (not an abort it suffered)
+  int failed_ranks = 0;
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    ++failed_ranks;
+    if (!first || (is_abort(first) && !is_abort(e))) first = e;
+  }
+  if (!first) return;
+  if (aborted || failed_ranks < ranks()) failed_ = message_of(first);
+  std::rethrow_exception(first);
+}
+
+void TensorParallelModel::abort_group() const {
+  if (same_device_) same_device_->abort();
+  if (nccl_) nccl_->abort();
 }
 
 void TensorParallelModel::build(const TensorParallelSpec& spec) {
@@ -173,6 +241,10 @@ LoadedStepModel load_step_model(const TensorParallelSpec& spec, int ranks) {
   for (int r = 0; r < ranks; ++r) devices.push_back(r);
   m.model = TensorParallelModel::over_gpus(spec, devices);
   return m;
+}
+
+void TensorParallelModel::for_each_rank(const std::function<void(int rank, GpuModel& model)>& fn) {
+  on_ranks([&](int r) { fn(r, *ranks_[size_t(r)]->model); });
 }
 
 void TensorParallelModel::step(const StepRows& rows) {

@@ -10,9 +10,10 @@
 //               check, on one GPU, that the split computes what the whole model does.
 //
 // Invariants: the ranks make the same calls in the same order (the collectives pair up by
-// order). An error inside a step on one rank only (a failed CUDA call) leaves the others
-// waiting in a collective: the group is then unusable. Errors the host can see before a step
-// (bad rows, options) are raised identically by every rank, before any collective.
+// order). Errors the host can see before a step (bad rows, options) are raised identically by
+// every rank, before any collective, and leave the group usable. An error on some ranks only
+// (a failed CUDA call) aborts the group's collectives, so no rank waits forever: the call
+// throws that error, and every later call says the group failed (build it again).
 #pragma once
 
 #include <functional>
@@ -47,6 +48,9 @@ class TensorParallelModel final : public StepModel {
   TensorParallelModel& operator=(const TensorParallelModel&) = delete;
 
   int ranks() const { return int(ranks_.size()); }
+  // Runs fn(r, rank r's model) on every rank's thread at once, as every call of this object
+  // does (same failure rules); for work the StepModel calls do not name.
+  void for_each_rank(const std::function<void(int rank, GpuModel& model)>& fn);
   // Rank r's model (tests read its cache and slice); use it only between calls of this object.
   GpuModel& rank_model(int r) { return *ranks_[size_t(r)]->model; }
   const GpuWeights& rank_weights(int r) const { return *ranks_[size_t(r)]->weights; }
@@ -85,12 +89,14 @@ class TensorParallelModel final : public StepModel {
                       const std::vector<int>& devices);
   void build(const TensorParallelSpec& spec);
   // Runs fn(r) on every rank r's thread (its device current) at once; waits for all; rethrows
-  // the lowest rank's error.
+  // the lowest rank's own error (see the file comment for a failure on some ranks only).
   void on_ranks(const std::function<void(int rank)>& fn) const;
+  void abort_group() const;
 
   std::unique_ptr<SameDeviceGroup> same_device_;
   std::unique_ptr<NcclGroup> nccl_;
   std::vector<std::unique_ptr<Rank>> ranks_;
+  mutable std::string failed_;  // why the group is unusable (empty: it is not)
 };
 
 // The engine's model of `spec` on this machine: `ranks` 1 is one GPU (the current device: the

@@ -4,7 +4,8 @@
 // rank) in BF16 and NVFP4 caches, through decode steps and the tensor-core prefill, with the
 // same greedy tokens; a random Qwen3-4B shape; a small Qwen3-MoE checkpoint (experts split);
 // the NCCL group with one rank inside captured step graphs (bit-identical to the plain model)
-// and, where the machine has two GPUs, with two. Errors of bad splits and groups.
+// and, where the machine has two GPUs, with two. Errors of bad splits and groups, and a rank's
+// failure ending in an error rather than a hang.
 //
 // Tolerances. The split changes only where sums are rounded: each rank's O and down GEMMs
 // round a partial sum to BF16 and the all-reduce adds the partials (one more BF16 rounding),
@@ -21,8 +22,11 @@
 // wrong slice, a missing all-reduce, a swapped rank: KL > 0.1, cosine < 0.9).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -313,6 +317,60 @@ TEST(TensorParallelGpu, NcclTwoGpusMatchOneGpu) {
     EXPECT_TRUE(split->last_step_replayed());
     EXPECT_EQ(greedy_tokens(*split, std::vector<int>(text.begin(), text.begin() + 40), 48), want_tokens) << preset;
   }
+}
+
+// A bad step every rank refuses alike leaves the group usable; a failure on one rank only
+// (injected through for_each_rank while the other waits in the embedding's all-reduce) aborts
+// the group's collectives after the grace, throws that rank's own error, and every later call
+// says the group failed; the group is still torn down (no rank left waiting).
+TEST(TensorParallelGpu, FailuresEndInErrorsNotHangs) {
+  SKIP_WITHOUT_GPU();
+  auto split = TensorParallelModel::on_one_gpu(spec_of("pk8l:random", "bf16", eager_options(1, 256)), 2);
+  StepRows rows = consecutive_rows(1, split->max_pages(), 1, 5);
+  StepRows bad = rows;
+  bad.tokens[0] = 100000;  // outside pk8l's vocabulary
+  EXPECT_THROW(split->step(bad), Error);
+  split->step(rows);  // still usable
+  EXPECT_EQ(split->read_logits().size(), size_t(split->config().vocab_size));
+  rows.seq_lens[0] = 2;
+  try {
+    split->for_each_rank([&](int r, GpuModel& m) {
+      if (r == 1) throw Error("injected failure on rank 1");
+      m.step(rows);  // waits for rank 1 in the embedding's all-reduce
+      m.synchronize();
+    });
+    ADD_FAILURE() << "a failure on rank 1 went unreported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("injected failure on rank 1"), std::string::npos) << e.what();
+  }
+  try {
+    split->step(rows);
+    ADD_FAILURE() << "a failed group ran a step";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("failed earlier"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TensorParallelGpu, SameDeviceGroupAbortFreesAWaitingRank) {
+  SKIP_WITHOUT_GPU();
+  SameDeviceGroup group(2);
+  __nv_bfloat16* data = nullptr;
+  ASSERT_EQ(cudaMalloc(&data, 64 * sizeof(__nv_bfloat16)), cudaSuccess);
+  std::exception_ptr error;
+  std::thread rank0([&] {
+    try {
+      group.member(0).all_reduce_sum(data, 64, nullptr);  // rank 1 never comes
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  group.abort();
+  rank0.join();
+  ASSERT_TRUE(error);
+  EXPECT_THROW(std::rethrow_exception(error), CollectiveAborted);
+  EXPECT_THROW(group.member(1).all_reduce_sum(data, 64, nullptr), CollectiveAborted);  // and every later one
+  cudaFree(data);
 }
 
 TEST(TensorParallelGpu, BadSplitsAndGroupsAreClearErrors) {
