@@ -122,7 +122,8 @@ void SameDeviceGroup::Barrier::abort() {
   all_arrived_.notify_all();
 }
 
-SameDeviceGroup::SameDeviceGroup(int ranks) : barrier_(checked_ranks(ranks, "SameDeviceGroup")), posted_(size_t(ranks), nullptr) {
+SameDeviceGroup::SameDeviceGroup(int ranks)
+    : barrier_(checked_ranks(ranks, "SameDeviceGroup")), posted_(size_t(ranks), nullptr) {
   for (int r = 0; r < ranks; ++r) members_.push_back(std::make_unique<Member>(*this, r));
 }
 

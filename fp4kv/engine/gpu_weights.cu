@@ -274,7 +274,8 @@ GpuWeights GpuWeights::load(const std::string& dir, int rank, int ranks) {
   const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads, tq = t.heads, tkv = t.kv_heads;
   auto dst = [](const __nv_bfloat16* p) { return const_cast<__nv_bfloat16*>(p); };
   upload(archive, "model.embed_tokens.weight", {V, H}, dst(w.embed_), row_part(t.first_vocab, t.vocab));
-  if (!c.tie_word_embeddings) upload(archive, "lm_head.weight", {V, H}, dst(w.lm_head_), row_part(t.first_vocab, t.vocab));
+  if (!c.tie_word_embeddings)
+    upload(archive, "lm_head.weight", {V, H}, dst(w.lm_head_), row_part(t.first_vocab, t.vocab));
   upload(archive, "model.norm.weight", {H}, dst(w.final_norm_));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";

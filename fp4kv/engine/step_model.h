@@ -49,7 +49,9 @@ class StepModel {
   void fill_random_tokens(const StepRows& rows, int first, int count, uint64_t seed) {
     fill_random_tokens(rows, first, count, seed, kFillChunkTokens);
   }
-  void fill_random_context(const StepRows& rows, int context, uint64_t seed) { fill_random_tokens(rows, 0, context, seed); }
+  void fill_random_context(const StepRows& rows, int context, uint64_t seed) {
+    fill_random_tokens(rows, 0, context, seed);
+  }
   virtual void set_cache_updates(bool on) = 0;
   virtual void set_cuda_graphs(bool on) = 0;
   virtual bool last_step_replayed() const = 0;

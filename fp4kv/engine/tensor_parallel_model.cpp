@@ -149,7 +149,8 @@ void TensorParallelModel::on_ranks(const std::function<void(int rank)>& fn) cons
   {
     std::unique_lock<std::mutex> lock(round->mutex);
     const auto any_error = [&] {
-      return std::any_of(round->errors.begin(), round->errors.end(), [](const std::exception_ptr& e) { return bool(e); });
+      const auto& e = round->errors;
+      return std::any_of(e.begin(), e.end(), [](const std::exception_ptr& x) { return bool(x); });
     };
     round->changed.wait(lock, [&] { return round->pending == 0 || any_error(); });
     // A rank failed: the others either fail alike soon (a check every rank makes) or may be
@@ -255,7 +256,8 @@ void TensorParallelModel::prepare_steps(int max_batch) {
   on_ranks([&](int r) { ranks_[size_t(r)]->model->prepare_steps(max_batch); });
 }
 
-void TensorParallelModel::prefill(const std::vector<int32_t>& tokens, int start, const std::vector<int32_t>& block_row) {
+void TensorParallelModel::prefill(const std::vector<int32_t>& tokens, int start,
+                                  const std::vector<int32_t>& block_row) {
   on_ranks([&](int r) { ranks_[size_t(r)]->model->prefill(tokens, start, block_row); });
 }
 

@@ -41,7 +41,8 @@ class TensorParallelModel final : public StepModel {
   // Throws fp4kv::Error for a model that does not split over the ranks (what does not divide
   // is named), a device list that is not distinct visible GPUs, no NCCL in the build, or any
   // rank's failure to load or build.
-  static std::unique_ptr<TensorParallelModel> over_gpus(const TensorParallelSpec& spec, const std::vector<int>& devices);
+  static std::unique_ptr<TensorParallelModel> over_gpus(const TensorParallelSpec& spec,
+                                                        const std::vector<int>& devices);
   static std::unique_ptr<TensorParallelModel> on_one_gpu(const TensorParallelSpec& spec, int ranks);
   ~TensorParallelModel() override;
   TensorParallelModel(const TensorParallelModel&) = delete;

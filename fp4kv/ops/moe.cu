@@ -115,8 +115,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRouteArg
 // first_expert: pairs of experts outside the held range are left out); begin[s] .. begin[s + 1]
 // its range in `pairs`. Within a range the order is the atomics' (each pair's output does not
 // depend on it).
-__global__ void __launch_bounds__(kSortThreads) moe_group_kernel(const int32_t* experts, int num_pairs, int first_expert,
-                                                                int num_experts, MoeWorkspace ws) {
+__global__ void __launch_bounds__(kSortThreads)
+    moe_group_kernel(const int32_t* experts, int num_pairs, int first_expert, int num_experts, MoeWorkspace ws) {
   __shared__ int32_t count[kMoeMaxExperts], offset[kMoeMaxExperts];
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count[e] = 0;
   __syncthreads();

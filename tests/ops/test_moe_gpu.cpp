@@ -127,10 +127,11 @@ void check_block(const BlockCase& c, uint32_t seed, ExpertRange held = {}) {
               ws, nullptr);
   const std::vector<uint16_t> act = d_act.download(), out = d_out.download();
 
-  const std::vector<uint16_t> held_gate_up_bits(gate_up.begin() + long(size_t(first) * 2 * c.intermediate * c.hidden),
-                                                gate_up.begin() + long(size_t(first + count) * 2 * c.intermediate * c.hidden));
-  const std::vector<uint16_t> held_down_bits(down.begin() + long(size_t(first) * c.hidden * c.intermediate),
-                                             down.begin() + long(size_t(first + count) * c.hidden * c.intermediate));
+  const size_t expert_elements = size_t(2) * c.intermediate * c.hidden;  // of gate_up; down has half
+  const std::vector<uint16_t> held_gate_up_bits(gate_up.begin() + long(first * expert_elements),
+                                                gate_up.begin() + long((first + count) * expert_elements));
+  const std::vector<uint16_t> held_down_bits(down.begin() + long(first * expert_elements / 2),
+                                             down.begin() + long((first + count) * expert_elements / 2));
   const MoeExpertsReference er =
       ref_moe_experts(x, held_gate_up_bits, route.experts, c.rows, c.top_k, c.hidden, c.intermediate, held);
   for (size_t i = 0; i < act.size(); ++i) {
@@ -147,7 +148,8 @@ void check_block(const BlockCase& c, uint32_t seed, ExpertRange held = {}) {
   }
   // The combine from the kernel's own act: its bound covers the down products and the fold.
   const MoeCombineReference cr =
-      ref_moe_combine(act, held_down_bits, route.experts, route.weights, c.rows, c.top_k, c.hidden, c.intermediate, held);
+      ref_moe_combine(act, held_down_bits, route.experts, route.weights, c.rows, c.top_k, c.hidden, c.intermediate,
+                      held);
   for (int r = 0; r < c.rows; ++r) {
     for (int h = 0; h < c.hidden; ++h) {
       double tol = 0, running = 0;
