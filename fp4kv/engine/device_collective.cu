@@ -2,6 +2,7 @@
 // (with its rank-order sum kernel) and the NCCL group.
 #include "fp4kv/engine/device_collective.h"
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 
