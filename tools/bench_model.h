@@ -13,6 +13,7 @@
 #include "fp4kv/engine/gpu_model.h"
 #include "fp4kv/engine/gpu_weights.h"
 #include "fp4kv/engine/tensor_parallel_model.h"
+#include "fp4kv/model/tensor_parallel.h"
 #include "tools/tensor_parallel_arg.h"
 
 namespace fp4kv::cli {
@@ -28,9 +29,7 @@ class BenchModel {
     } else {
       require(model_config_of(spec, &config_), "--model: '" + spec + "' is neither a checkpoint directory nor NAME:random");
     }
-    gpu_shape_ = config_;
-    gpu_shape_.num_attention_heads /= ranks;
-    gpu_shape_.num_key_value_heads /= ranks;
+    gpu_shape_ = model::rank_attention_config(config_, ranks);
   }
 
   int ranks() const { return ranks_; }

@@ -87,7 +87,6 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
   const bool random = engine::is_random_model_spec(a.model, &shape);
   std::unique_ptr<eval::Calibration> cal;
   if (random) {
-    config.max_position_embeddings = 0;  // as GpuWeights::random: speed work runs any context
     std::fprintf(stderr, "[fp4kv generate] %s: random weights (speed only: the text is noise), keys not smoothed\n",
                  a.model.c_str());
   } else {

@@ -20,8 +20,9 @@
 
 namespace fp4kv::cli {
 
-// The config of a checkpoint directory or (builds with CUDA) a NAME:random shape; false when
-// neither is known here (the command's own loading reports that).
+// The config of a checkpoint directory or (builds with CUDA) a NAME:random shape (as random
+// weights have it: no position limit); false when neither is known here (the command's own
+// loading reports that).
 inline bool model_config_of(const std::string& spec, model::Qwen3Config* config) {
   if (std::filesystem::is_directory(spec)) {
     *config = model::Qwen3Config::load_dir(spec);
@@ -30,7 +31,7 @@ inline bool model_config_of(const std::string& spec, model::Qwen3Config* config)
 #ifdef FP4KV_HAVE_CUDA
   std::string shape;
   if (engine::is_random_model_spec(spec, &shape)) {
-    *config = engine::known_shape(shape);
+    *config = engine::config_of_spec(spec);
     return true;
   }
 #endif

@@ -125,6 +125,7 @@ void SameDeviceGroup::Barrier::abort() {
 
 SameDeviceGroup::SameDeviceGroup(int ranks)
     : barrier_(checked_ranks(ranks, "SameDeviceGroup")), posted_(size_t(ranks), nullptr) {
+  cuda_check(cudaGetDevice(&device_), "SameDeviceGroup: the current device");
   for (int r = 0; r < ranks; ++r) members_.push_back(std::make_unique<Member>(*this, r));
 }
 

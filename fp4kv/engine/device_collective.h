@@ -57,18 +57,31 @@ class DeviceCollective {
   virtual void all_gather(const float* in, size_t n, float* out, cudaStream_t stream) = 0;
 };
 
-class SameDeviceGroup {
+// A group of ranks: rank r's collective (each used by one thread, all ranks concurrently),
+// the device rank r runs on, and abort().
+class DeviceGroup {
  public:
-  // Throws fp4kv::Error for ranks outside [1, kMaxTensorParallelRanks].
+  virtual ~DeviceGroup() = default;
+  virtual int ranks() const = 0;
+  virtual int device(int r) const = 0;
+  // Throws fp4kv::Error for r outside [0, ranks()).
+  virtual DeviceCollective& member(int r) = 0;
+  virtual void abort() = 0;
+};
+
+class SameDeviceGroup final : public DeviceGroup {
+ public:
+  // `ranks` ranks on the current device. Throws fp4kv::Error for ranks outside
+  // [1, kMaxTensorParallelRanks].
   explicit SameDeviceGroup(int ranks);
   SameDeviceGroup(const SameDeviceGroup&) = delete;
   SameDeviceGroup& operator=(const SameDeviceGroup&) = delete;
-  ~SameDeviceGroup();
+  ~SameDeviceGroup() override;
 
-  int ranks() const { return int(members_.size()); }
-  // Rank r's collective; each used by one thread, all ranks concurrently.
-  DeviceCollective& member(int r);
-  void abort();
+  int ranks() const override { return int(members_.size()); }
+  int device(int) const override { return device_; }
+  DeviceCollective& member(int r) override;
+  void abort() override;
 
  private:
   class Member;
@@ -87,6 +100,7 @@ class SameDeviceGroup {
     long long generation_ = 0;
     bool aborted_ = false;
   };
+  int device_ = 0;
   Barrier barrier_;
   std::vector<const void*> posted_;  // per rank: the device buffer of the current operation
   std::vector<std::unique_ptr<Member>> members_;
@@ -98,17 +112,17 @@ bool have_nccl();
 // One NCCL communicator per device of `devices` (distinct GPUs of this host), rank r on
 // devices[r]. Throws fp4kv::Error without NCCL in the build, for a bad device list, or with
 // NCCL's message when its initialization fails.
-class NcclGroup {
+class NcclGroup final : public DeviceGroup {
  public:
   explicit NcclGroup(const std::vector<int>& devices);
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
-  ~NcclGroup();
+  ~NcclGroup() override;
 
-  int ranks() const { return int(members_.size()); }
-  int device(int r) const { return devices_[size_t(r)]; }
-  DeviceCollective& member(int r);
-  void abort();
+  int ranks() const override { return int(members_.size()); }
+  int device(int r) const override { return devices_[size_t(r)]; }
+  DeviceCollective& member(int r) override;
+  void abort() override;
 
  private:
   class Member;

@@ -201,13 +201,18 @@ std::vector<float> slice_mu_k(const float* mu_k, const model::Qwen3Config& c, co
   return out;
 }
 
+// Graph capture needs a collective whose operations enqueue without host synchronization.
+void require_capturable(const DeviceCollective* collective, bool cuda_graphs) {
+  require(!cuda_graphs || !collective || collective->capturable(),
+          "GpuModel: this tensor-parallel group synchronizes on the host and cannot be captured: set cuda_graphs off");
+}
+
 void check_tensor_parallel(const model::TpSlice& s, const GpuModelOptions& o) {
   const int ranks = o.collective ? o.collective->ranks() : 1, rank = o.collective ? o.collective->rank() : 0;
   require(s.ranks == ranks && s.rank == rank,
           "GpuModel: the weights are rank " + std::to_string(s.rank) + " of " + std::to_string(s.ranks) +
               "'s slice, the collective is rank " + std::to_string(rank) + " of " + std::to_string(ranks));
-  require(!o.collective || o.collective->capturable() || !o.cuda_graphs,
-          "GpuModel: this tensor-parallel group synchronizes on the host and cannot be captured: set cuda_graphs off");
+  require_capturable(o.collective, o.cuda_graphs);
 }
 
 GpuModelOptions resolve(const model::Qwen3Config& c, GpuModelOptions o) {
@@ -781,8 +786,7 @@ std::vector<int32_t> GpuModel::sample(const std::vector<SamplingRow>& params) {
 void GpuModel::release(int32_t first_block) { cache_->release(first_block, stream_); }
 
 void GpuModel::set_cuda_graphs(bool on) {
-  require(!on || !options_.collective || options_.collective->capturable(),
-          "GpuModel: this tensor-parallel group synchronizes on the host and cannot be captured");
+  require_capturable(options_.collective, on);
   options_.cuda_graphs = on;
 }
 

@@ -184,6 +184,9 @@ class GpuModel final : public StepModel {
   void set_cuda_graphs(bool on) override;
   // Waits for the stream.
   void synchronize() const override;
+  // Synchronizes and throws fp4kv::Error naming what the last step's device error flags (ops
+  // and cache) report; read_logits and sample include it.
+  void check_errors() const;
 
   const model::Qwen3Config& config() const override { return weights_.config(); }
   const GpuModelOptions& options() const override { return options_; }
@@ -223,7 +226,6 @@ class GpuModel final : public StepModel {
     void* y;
   };
   TuningOperands tuning_operands(StepGemmKind kind) const;
-  void check_errors() const;
   void mark(StepPart part);  // records a profiling event when profile_step is running
 
   // profile_step's events, in order, each with the part of the op it ends.

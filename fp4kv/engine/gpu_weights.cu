@@ -198,6 +198,21 @@ model::Qwen3Config known_shape(const std::string& name) {
   throw Error("unknown model shape '" + name + "' (known: " + list + ")");
 }
 
+namespace {
+// Random weights are for speed work: no position limit (contexts past the checkpoint's trained
+// length, up to the 1M-token runs of `fp4kv bench e2e`).
+model::Qwen3Config speed_only(model::Qwen3Config c) {
+  c.max_position_embeddings = 0;
+  return c;
+}
+}  // namespace
+
+model::Qwen3Config config_of_spec(const std::string& spec) {
+  std::string shape;
+  if (is_random_model_spec(spec, &shape)) return speed_only(known_shape(shape));
+  return model::Qwen3Config::load_dir(spec);
+}
+
 bool is_random_model_spec(const std::string& spec, std::string* shape) {
   const std::string suffix = ":random";
   if (spec.size() <= suffix.size() || spec.compare(spec.size() - suffix.size(), suffix.size(), suffix) != 0)
@@ -303,10 +318,7 @@ GpuWeights GpuWeights::load(const std::string& dir, int rank, int ranks) {
 }
 
 GpuWeights GpuWeights::random(const model::Qwen3Config& shape, uint64_t seed, int rank, int ranks) {
-  // Speed work only: no position limit (contexts past the checkpoint's trained length, up to
-  // the 1M-token runs of `fp4kv bench e2e`).
-  model::Qwen3Config config = shape;
-  config.max_position_embeddings = 0;
+  const model::Qwen3Config config = speed_only(shape);
   GpuWeights w(config, rank, ranks);
   w.random_ = true;
   const model::TpSlice& t = w.slice_;

@@ -39,6 +39,10 @@ std::vector<std::string> known_shape_names();
 model::Qwen3Config known_shape(const std::string& name);
 // "NAME:random" -> true and *shape = NAME; anything else -> false.
 bool is_random_model_spec(const std::string& spec, std::string* shape);
+// The config of `spec` (a checkpoint directory or NAME:random) without loading any weight; a
+// random shape's as GpuWeights::random makes it (no position limit). Throws fp4kv::Error as
+// Qwen3Config::load_dir or known_shape do.
+model::Qwen3Config config_of_spec(const std::string& spec);
 
 // A uniform distribution on [-a, a) has standard deviation a / sqrt(3).
 inline constexpr float kUniformAmplitudePerStd = 1.7320508f;  // sqrt(3)

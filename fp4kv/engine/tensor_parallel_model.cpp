@@ -68,13 +68,9 @@ class TensorParallelModel::Worker {
   std::thread thread_;  // last: starts once the members above exist
 };
 
-TensorParallelModel::TensorParallelModel(std::unique_ptr<SameDeviceGroup> same_device, std::unique_ptr<NcclGroup> nccl,
-                                         const std::vector<int>& devices)
-    : same_device_(std::move(same_device)), nccl_(std::move(nccl)) {
-  for (size_t r = 0; r < devices.size(); ++r) {
+TensorParallelModel::TensorParallelModel(std::unique_ptr<DeviceGroup> group) : group_(std::move(group)) {
+  for (int r = 0; r < group_->ranks(); ++r) {
     auto rank = std::make_unique<Rank>();
-    rank->device = devices[r];
-    rank->collective = same_device_ ? &same_device_->member(int(r)) : &nccl_->member(int(r));
     rank->worker = std::make_unique<Worker>();
     ranks_.push_back(std::move(rank));
   }
@@ -120,7 +116,8 @@ std::string message_of(const std::exception_ptr& e) {
 // CollectiveAborted) and marked failed. Errors every rank raises alike (bad rows, options:
 // before any collective) leave the group usable.
 void TensorParallelModel::on_ranks(const std::function<void(int rank)>& fn) const {
-  require(failed_.empty(), "tensor parallelism: the group failed earlier (" + failed_ + "); build it again");
+  if (!failed_.empty())  // every call: the message only on failure
+    throw Error("tensor parallelism: the group failed earlier (" + failed_ + "); build it again");
   struct Round {  // shared with the workers' callbacks, which may run past this call's return
     std::mutex mutex;
     std::condition_variable changed;
@@ -131,10 +128,11 @@ void TensorParallelModel::on_ranks(const std::function<void(int rank)>& fn) cons
   round->pending = ranks();
   round->errors.resize(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    const int device = ranks_[r]->device;
+    const int device = group_->device(int(r));
     ranks_[r]->worker->post(
         [&fn, r, device] {
-          cache::cuda_check(cudaSetDevice(device), "tensor parallelism: rank " + std::to_string(r) + "'s device");
+          if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
+            cache::throw_cuda_error(e, "tensor parallelism: rank " + std::to_string(r) + "'s device");
           fn(int(r));
         },
         [round, r](std::exception_ptr e) {
@@ -158,7 +156,7 @@ void TensorParallelModel::on_ranks(const std::function<void(int rank)>& fn) cons
     if (!round->changed.wait_for(lock, kAbortGrace, [&] { return round->pending == 0; })) {
       aborted = true;
       lock.unlock();
-      abort_group();
+      group_->abort();
       lock.lock();
       round->changed.wait(lock, [&] { return round->pending == 0; });
     }
@@ -176,18 +174,13 @@ void TensorParallelModel::on_ranks(const std::function<void(int rank)>& fn) cons
   std::rethrow_exception(first);
 }
 
-void TensorParallelModel::abort_group() const {
-  if (same_device_) same_device_->abort();
-  if (nccl_) nccl_->abort();
-}
-
 void TensorParallelModel::build(const TensorParallelSpec& spec) {
   const float* mu_k = spec.mu_k.empty() ? nullptr : spec.mu_k.data();
   on_ranks([&](int r) {
     Rank& rank = *ranks_[size_t(r)];
     rank.weights = std::make_unique<GpuWeights>(GpuWeights::from_spec(spec.model, spec.seed, r, this->ranks()));
     GpuModelOptions o = spec.options;
-    o.collective = rank.collective;
+    o.collective = &group_->member(r);
     rank.model = std::make_unique<GpuModel>(*rank.weights, spec.recipe, mu_k, o);
   });
 }
@@ -195,9 +188,7 @@ void TensorParallelModel::build(const TensorParallelSpec& spec) {
 namespace {
 // The whole model's config of a spec, to check the split before any rank loads anything.
 void check_split(const TensorParallelSpec& spec, int ranks) {
-  std::string shape;
-  const model::Qwen3Config c =
-      is_random_model_spec(spec.model, &shape) ? known_shape(shape) : model::Qwen3Config::load_dir(spec.model);
+  const model::Qwen3Config c = config_of_spec(spec.model);
   (void)model::tp_slice(c, 0, ranks);  // throws naming what does not divide
   require(spec.mu_k.empty() || spec.mu_k.size() == size_t(c.num_hidden_layers) * c.num_key_value_heads * c.head_dim,
           "tensor parallelism: mu_k must be [layers][kv_heads][head_dim] of the whole model");
@@ -207,21 +198,15 @@ void check_split(const TensorParallelSpec& spec, int ranks) {
 std::unique_ptr<TensorParallelModel> TensorParallelModel::over_gpus(const TensorParallelSpec& spec,
                                                                     const std::vector<int>& devices) {
   check_split(spec, int(devices.size()));
-  auto nccl = std::make_unique<NcclGroup>(devices);
-  std::unique_ptr<TensorParallelModel> m(new TensorParallelModel(nullptr, std::move(nccl), devices));
+  std::unique_ptr<TensorParallelModel> m(new TensorParallelModel(std::make_unique<NcclGroup>(devices)));
   m->build(spec);
   return m;
 }
 
 std::unique_ptr<TensorParallelModel> TensorParallelModel::on_one_gpu(const TensorParallelSpec& spec, int ranks) {
   check_split(spec, ranks);
-  require(!spec.options.cuda_graphs, "tensor parallelism on one GPU runs eager steps: set cuda_graphs off");
-  int device = 0;
-  cache::cuda_check(cudaGetDevice(&device), "tensor parallelism: the current device");
-  auto group = std::make_unique<SameDeviceGroup>(ranks);
-  std::unique_ptr<TensorParallelModel> m(
-      new TensorParallelModel(std::move(group), nullptr, std::vector<int>(size_t(ranks), device)));
-  m->build(spec);
+  std::unique_ptr<TensorParallelModel> m(new TensorParallelModel(std::make_unique<SameDeviceGroup>(ranks)));
+  m->build(spec);  // its GpuModels refuse cuda_graphs: this group cannot be captured
   return m;
 }
 
@@ -261,20 +246,28 @@ void TensorParallelModel::prefill(const std::vector<int32_t>& tokens, int start,
   on_ranks([&](int r) { ranks_[size_t(r)]->model->prefill(tokens, start, block_row); });
 }
 
+// Every rank holds the same logits after the gather: rank 0 copies them (or draws from them),
+// the others only check their step's error flags.
 std::vector<float> TensorParallelModel::read_logits() const {
-  std::vector<float> logits;  // every rank checks its own error flags; rank 0's logits answer
+  std::vector<float> logits;
   on_ranks([&](int r) {
-    std::vector<float> mine = ranks_[size_t(r)]->model->read_logits();
-    if (r == 0) logits = std::move(mine);
+    if (r == 0) {
+      logits = ranks_[0]->model->read_logits();
+    } else {
+      ranks_[size_t(r)]->model->check_errors();
+    }
   });
   return logits;
 }
 
 std::vector<int32_t> TensorParallelModel::sample(const std::vector<SamplingRow>& params) {
-  std::vector<int32_t> tokens;  // the same logits and rule on every rank: rank 0's draw is everyone's
+  std::vector<int32_t> tokens;
   on_ranks([&](int r) {
-    std::vector<int32_t> mine = ranks_[size_t(r)]->model->sample(params);
-    if (r == 0) tokens = std::move(mine);
+    if (r == 0) {
+      tokens = ranks_[0]->model->sample(params);
+    } else {
+      ranks_[size_t(r)]->model->check_errors();
+    }
   });
   return tokens;
 }

@@ -1,7 +1,8 @@
 // A Qwen3 model split over N tensor-parallel ranks (model/tensor_parallel.h), run as one
 // StepModel: each rank is a thread with its own GPU, weights slice (gpu_weights.h) and
 // GpuModel; every call is given to all ranks at once and answered with rank 0's result
-// (after the LM head's all-gather every rank holds the same logits, so the same tokens).
+// (after the LM head's all-gather every rank holds the same logits: rank 0 copies them or
+// draws from them, the others only check their step's error flags).
 // Rank 0's caller is the scheduler: this object is the broadcast of each step's batch.
 //
 //   over_gpus   rank r on devices[r], the collectives over NCCL, each batch size's decode
@@ -79,23 +80,18 @@ class TensorParallelModel final : public StepModel {
  private:
   class Worker;  // a rank's thread
   struct Rank {
-    int device = 0;
-    DeviceCollective* collective = nullptr;
     std::unique_ptr<GpuWeights> weights;
     std::unique_ptr<GpuModel> model;
     std::unique_ptr<Worker> worker;
   };
 
-  TensorParallelModel(std::unique_ptr<SameDeviceGroup> same_device, std::unique_ptr<NcclGroup> nccl,
-                      const std::vector<int>& devices);
+  explicit TensorParallelModel(std::unique_ptr<DeviceGroup> group);
   void build(const TensorParallelSpec& spec);
   // Runs fn(r) on every rank r's thread (its device current) at once; waits for all; rethrows
   // the lowest rank's own error (see the file comment for a failure on some ranks only).
   void on_ranks(const std::function<void(int rank)>& fn) const;
-  void abort_group() const;
 
-  std::unique_ptr<SameDeviceGroup> same_device_;
-  std::unique_ptr<NcclGroup> nccl_;
+  std::unique_ptr<DeviceGroup> group_;
   std::vector<std::unique_ptr<Rank>> ranks_;
   mutable std::string failed_;  // why the group is unusable (empty: it is not)
 };

@@ -41,6 +41,14 @@ TpSlice tp_slice(const Qwen3Config& c, int rank, int ranks) {
   return s;
 }
 
+Qwen3Config rank_attention_config(const Qwen3Config& c, int ranks) {
+  const TpSlice s = tp_slice(c, 0, ranks);
+  Qwen3Config r = c;
+  r.num_attention_heads = s.heads;
+  r.num_key_value_heads = s.kv_heads;
+  return r;
+}
+
 std::vector<float> slice_rows(const std::vector<float>& m, int cols, int first, int count) {
   const size_t begin = size_t(first) * cols, n = size_t(count) * cols;
   if (first < 0 || count < 0 || begin + n > m.size()) throw Error("slice_rows: rows outside the matrix");

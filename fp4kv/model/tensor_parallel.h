@@ -41,6 +41,10 @@ struct TpSlice {
 // Throws fp4kv::Error when ranks < 1, rank is outside [0, ranks) or a count does not divide.
 TpSlice tp_slice(const Qwen3Config& c, int rank, int ranks);
 
+// `c` as one rank of `ranks` sees its attention: its query heads and KV heads (the heads its
+// cache holds; every rank's count is the same). Throws as tp_slice does.
+Qwen3Config rank_attention_config(const Qwen3Config& c, int ranks);
+
 // Rows [first, first + count) of a row-major [rows][cols] matrix.
 std::vector<float> slice_rows(const std::vector<float>& m, int cols, int first, int count);
 // Columns [first, first + count) of a row-major [rows][cols] matrix: [rows][count].

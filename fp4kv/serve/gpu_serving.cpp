@@ -16,10 +16,7 @@ GpuServing load_gpu_serving(const GpuServeSetup& setup) {
   const model::Qwen3Config c = model::Qwen3Config::load_dir(setup.model_dir);
   model::require_byte_tokenizer(c, setup.model_dir);
   const int ranks = setup.tensor_parallel;
-  const model::TpSlice slice = model::tp_slice(c, 0, ranks);  // every rank's shapes alike
-  model::Qwen3Config rank_shape = c;  // what one GPU's cache holds: its KV heads
-  rank_shape.num_attention_heads = slice.heads;
-  rank_shape.num_key_value_heads = slice.kv_heads;
+  const model::Qwen3Config rank_shape = model::rank_attention_config(c, ranks);  // one GPU's heads and cache
   engine::check_gpu_recipe(rank_shape, s.recipe);
   s.calibration = eval::calibration_for_recipe(&s.recipe, setup.model_dir, setup.calibration, c, {});
   // The budget of GPU 0 (every rank's is alike) once its weights are in, before they load.

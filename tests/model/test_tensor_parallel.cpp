@@ -112,6 +112,11 @@ TEST(TensorParallel, SlicesAndRefusals) {
   expect_error([&] { tp_slice(pk8l, 0, 4); }, {"num_key_value_heads 2"});
   expect_error([&] { tp_slice(pk8l, 2, 2); }, {"rank 2"});
   expect_error([&] { tp_slice(pk8l, 0, 0); }, {"0 ranks"});
+  const Qwen3Config rank = rank_attention_config(pk8l, 2);  // one GPU's heads and cache
+  EXPECT_EQ(rank.num_attention_heads, 4);
+  EXPECT_EQ(rank.num_key_value_heads, 1);
+  EXPECT_EQ(rank.hidden_size, pk8l.hidden_size);
+  expect_error([&] { rank_attention_config(pk8l, 4); }, {"num_key_value_heads 2"});
 
   const std::vector<float> m = {0, 1, 2, 3, 4, 5};  // [2][3]
   EXPECT_EQ(slice_rows(m, 3, 1, 1), (std::vector<float>{3, 4, 5}));
