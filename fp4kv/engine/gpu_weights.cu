@@ -320,7 +320,6 @@ GpuWeights GpuWeights::load(const std::string& dir, int rank, int ranks) {
 GpuWeights GpuWeights::random(const model::Qwen3Config& shape, uint64_t seed, int rank, int ranks) {
   const model::Qwen3Config config = speed_only(shape);
   GpuWeights w(config, rank, ranks);
-  w.random_ = true;
   const model::TpSlice& t = w.slice_;
   const float amplitude = kRandomStd * kUniformAmplitudePerStd;
   // Each whole tensor has its own stream of values; a rank's slice takes its pieces of it.
@@ -386,7 +385,7 @@ GpuWeights::~GpuWeights() { release(); }
 
 GpuWeights::GpuWeights(GpuWeights&& o) noexcept
     : config_(std::move(o.config_)), slice_(o.slice_), memory_(std::exchange(o.memory_, nullptr)), bytes_(o.bytes_),
-      random_(o.random_), embed_(o.embed_), final_norm_(o.final_norm_), lm_head_(o.lm_head_),
+      embed_(o.embed_), final_norm_(o.final_norm_), lm_head_(o.lm_head_),
       layers_(std::move(o.layers_)) {}
 
 GpuWeights& GpuWeights::operator=(GpuWeights&& o) noexcept {
@@ -396,7 +395,6 @@ GpuWeights& GpuWeights::operator=(GpuWeights&& o) noexcept {
     slice_ = o.slice_;
     memory_ = std::exchange(o.memory_, nullptr);
     bytes_ = o.bytes_;
-    random_ = o.random_;
     embed_ = o.embed_;
     final_norm_ = o.final_norm_;
     lm_head_ = o.lm_head_;

@@ -105,7 +105,6 @@ class GpuWeights {
   // sparse layer min(experts, batch x top_k) experts (all of bytes() for a dense model).
   size_t step_read_bytes(int batch) const;
   static size_t step_read_bytes_for(const model::Qwen3Config& config, int rank, int ranks, int batch);
-  bool is_random() const { return random_; }
 
  private:
   GpuWeights(const model::Qwen3Config& config, int rank, int ranks);  // allocates and assigns every tensor
@@ -115,7 +114,6 @@ class GpuWeights {
   model::TpSlice slice_;
   void* memory_ = nullptr;
   size_t bytes_ = 0;
-  bool random_ = false;
   const __nv_bfloat16* embed_ = nullptr;
   const __nv_bfloat16* final_norm_ = nullptr;
   const __nv_bfloat16* lm_head_ = nullptr;
