@@ -98,7 +98,7 @@ void tpot_part(Run& run, const E2eArgs& A) {
           std::snprintf(line, sizeof line, "| %s | %d | %d | does not fit | | | %.1f |\n", preset.c_str(), ctx, batch, kv / 1e9);
         } else {
           engine::GpuModelOptions o;
-          o.tune_gemms = true;  // the benchmarks measure the fastest plans
+          o.gemm_plans = engine::GemmPlans::tuned;  // the benchmarks measure the fastest plans
           o.max_batch = batch;
           o.max_context = int(pages * kPageTokens);
           const engine::LoadedStepModel loaded = run.model.make(r, o);
@@ -204,7 +204,7 @@ void throughput_part(Run& run, const E2eArgs& A) {
     const engine::CacheCapacity cap =
         engine::cache_capacity(r.kv, shape_of(run.model.gpu_shape()), run.model.kv_budget(A.gpu_memory_utilization), max_batch);
     engine::GpuModelOptions o;
-    o.tune_gemms = true;  // the benchmarks measure the fastest plans
+    o.gemm_plans = engine::GemmPlans::tuned;  // the benchmarks measure the fastest plans
     o.max_batch = max_batch;
     o.max_context = A.throughput_context + A.output_tokens + kPageTokens;
     o.num_blocks = cap.blocks;
@@ -251,7 +251,7 @@ void overhead_part(Run& run, const E2eArgs& A) {
             "| preset | step us | step without cache work us | cache work us |\n|---|---|---|---|\n";
   for (const std::string& preset : split_csv(A.presets)) {
     engine::GpuModelOptions o;
-    o.tune_gemms = true;  // the benchmarks measure the fastest plans
+    o.gemm_plans = engine::GemmPlans::tuned;  // the benchmarks measure the fastest plans
     o.max_batch = 1;
     o.max_context = kOverheadContext + kPageTokens;
     const engine::LoadedStepModel loaded = run.model.make(parse_recipe(preset), o);
@@ -297,7 +297,7 @@ void capacity_part(Run& run, const E2eArgs& A) {
     return;
   }
   engine::GpuModelOptions o;
-  o.tune_gemms = true;  // the benchmarks measure the fastest plans
+  o.gemm_plans = engine::GemmPlans::tuned;  // the benchmarks measure the fastest plans
   o.max_batch = 1;
   o.max_context = int(pages * kPageTokens);
   o.num_blocks = int(pages);

@@ -55,7 +55,7 @@ StepPoint run_point(const BenchModel& model, const std::string& preset, int cont
   pt.batch = batch;
   const Recipe r = parse_recipe(preset);
   engine::GpuModelOptions o;
-  o.tune_gemms = true;  // the benchmarks measure the fastest plans
+  o.gemm_plans = engine::GemmPlans::tuned;  // the benchmarks measure the fastest plans
   o.max_batch = batch;
   o.max_context = context + cache::kPage;
   const int pages = (o.max_context + cache::kPage - 1) / cache::kPage;

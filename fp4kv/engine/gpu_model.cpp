@@ -354,9 +354,11 @@ GpuModel::Gemms& GpuModel::gemms_for(int batch) {
   auto g = std::make_unique<Gemms>();
   for (const StepGemm& s : step_gemms(weights_, batch)) {
     ops::Gemm& plan = g->plans[size_t(s.kind)].emplace(s.shape, kGemmWorkspaceBytes);
-    if (options_.tune_gemms) {  // on every layer's weights and the step's own buffers (their contents do not matter)
+    if (options_.gemm_plans == GemmPlans::tuned) {  // on every layer's weights and the step's own buffers (their contents do not matter)
       const TuningOperands io = tuning_operands(s.kind);
       plan.tune(io.x, s.weights, io.y, stream_);
+    } else if (options_.gemm_plans == GemmPlans::gemv) {
+      plan.use_gemv();
     }
   }
   return *gemms_.emplace(batch, std::move(g)).first->second;

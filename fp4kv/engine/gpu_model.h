@@ -77,16 +77,27 @@ long long gpu_kv_budget(double utilization);
 // head size, else 0 (its prompts then run as decode steps).
 int prefill_chunk_for(const model::Qwen3Config& c, int chunk);
 
+// How the decode step's GEMM plans are chosen per batch size.
+enum class GemmPlans {
+  // cuBLASLt's heuristic first choice: the same bits on every run of a command.
+  heuristic,
+  // The fastest of the heuristic's candidates and our GEMV, timed on the model's weights
+  // (ops::Gemm::tune): a choice that can differ between runs, and with it the last bits of the
+  // logits (so a greedy near-tie). What the benchmarks measure.
+  tuned,
+  // Our GEMV wherever it applies (batch <= 8), else the heuristic's choice: the GEMV path
+  // without timing (tests, A/B runs). A row's sums are then the same at every batch size up
+  // to 8.
+  gemv,
+};
+
 struct GpuModelOptions {
   int max_batch = 1;         // rows of a step
   int max_context = 0;       // tokens of one request (0: the model's max_position_embeddings)
   int num_blocks = 0;        // cache blocks per layer (0: max_batch requests of max_context)
   int max_slots = 0;         // requests holding BF16 slots (0: max_batch)
   bool cuda_graphs = true;   // capture each batch size's step once and replay it
-  // Time the GEMM candidates per batch size and keep the fastest (ops::Gemm::tune). Off by
-  // default: a choice made by timing can differ between runs, and with it the last bits of
-  // the logits (so a greedy near-tie); the benchmarks turn it on.
-  bool tune_gemms = false;
+  GemmPlans gemm_plans = GemmPlans::heuristic;
   // Tokens per chunk of the tensor-core prefill (prefill(); attention/prefill.h), 0: none
   // (prompts then go through step(), one token per step, as the eval's semantics need).
   int prefill_chunk = 0;
@@ -147,7 +158,7 @@ class GpuModel final : public StepModel {
 
   // Enqueues one step (asynchronous). Throws fp4kv::Error for a bad row (token, length,
   // block id) the host can see. The first step of a batch size makes its GEMM plans (and
-  // tunes them with tune_gemms) and captures its graph.
+  // tunes them with GemmPlans::tuned) and captures its graph.
   void step(const StepRows& rows) override;
   // What the first step of each batch size 1..max_batch would do, done now (GEMM plans, their
   // tuning, the step graphs), so that no later step pays it: a server before it serves, a

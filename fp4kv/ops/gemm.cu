@@ -136,6 +136,11 @@ int Gemm::tune(const __nv_bfloat16* x, const std::vector<const __nv_bfloat16*>& 
   return best;
 }
 
+bool Gemm::use_gemv() {
+  use_gemv_ = gemv_supports(shape_.m, shape_.k);
+  return use_gemv_;
+}
+
 void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t stream) const {
   require(shape_.output == GemmOutput::bf16, "Gemm::run: BF16 output given to a plan of " + shape_text(shape_));
   run_any(x, w, y, stream);

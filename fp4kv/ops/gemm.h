@@ -56,6 +56,10 @@ class Gemm {
   static constexpr int kTunedGemv = -1;
   int tune(const __nv_bfloat16* x, const std::vector<const __nv_bfloat16*>& weights, void* y, cudaStream_t stream);
 
+  // Plans our GEMV from now on where it supports the shape (m <= 8; tests and A/B runs that
+  // want the GEMV path without timing); returns whether it does.
+  bool use_gemv();
+
   const GemmShape& shape() const { return shape_; }
 
  private:

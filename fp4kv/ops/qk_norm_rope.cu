@@ -1,5 +1,8 @@
 // QK-norm + RoPE kernel: one warp per (token, head) over the q, k and v heads of the QKV
-// row; a lane handles the rotation pairs (i, i + half) for i = lane, lane + 32, ...
+// row; a lane handles the rotation pairs (i, i + half) for i = lane, lane + 32, ... A lane
+// loads everything it reads before it stores anything: at a decode step the kernel is a few
+// L2 round trips long, and a store between two loads (which might alias) would make each load
+// its own round trip.
 #include "fp4kv/ops/qk_norm_rope.h"
 
 #include <cmath>
@@ -18,6 +21,9 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreads = kWarpsPerBlock * 32;
 constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kMaxHeadDim = 256;
+constexpr int kMaxPerLane = kMaxHeadDim / 32;  // a head's elements per lane
+constexpr int kMaxPairsPerLane = kMaxPerLane / 2;
 
 __device__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
@@ -41,27 +47,53 @@ __device__ void store(const HeadIo& io, int i, float value) {
   if (io.out_f32 != nullptr) io.out_f32[i] = value;
 }
 
+// Element i = lane + 32 j of a head, j < kMaxPerLane (0 past head_dim), widened.
+__device__ __forceinline__ void load_lane(const __nv_bfloat16* x, int head_dim, float (&v)[kMaxPerLane]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < kMaxPerLane; ++j) {
+    const int i = lane + 32 * j;
+    v[j] = i < head_dim ? __bfloat162float(x[i]) : 0.0f;
+  }
+}
+
 __device__ void norm_rope_head(const HeadIo& io, int head_dim, float eps) {
   const int lane = threadIdx.x % 32, half = head_dim / 2;
+  float xs[kMaxPerLane];
+  load_lane(io.x, head_dim, xs);
+  // Pair p = (i, i + half), i = lane + 32 p: its inputs.
+  float x1[kMaxPairsPerLane], x2[kMaxPairsPerLane], w1[kMaxPairsPerLane], w2[kMaxPairsPerLane];
+  float c[kMaxPairsPerLane], sn[kMaxPairsPerLane];
+#pragma unroll
+  for (int p = 0; p < kMaxPairsPerLane; ++p) {
+    const int i = lane + 32 * p;
+    if (i >= half || io.cos_row == nullptr) continue;
+    x1[p] = __bfloat162float(io.x[i]);
+    x2[p] = __bfloat162float(io.x[i + half]);
+    w1[p] = __bfloat162float(io.weight[i]);
+    w2[p] = __bfloat162float(io.weight[i + half]);
+    c[p] = __bfloat162float(io.cos_row[i]);
+    sn[p] = __bfloat162float(io.sin_row[i]);
+  }
   float ss = 0.0f;
-  for (int i = lane; i < head_dim; i += 32) {
-    const float v = __bfloat162float(io.x[i]);
-    ss = __fadd_rn(ss, __fmul_rn(v, v));
+#pragma unroll
+  for (int j = 0; j < kMaxPerLane; ++j) {
+    if (lane + 32 * j < head_dim) ss = __fadd_rn(ss, __fmul_rn(xs[j], xs[j]));
   }
   const float r = rms_scale(__fdiv_rn(warp_sum(ss), float(head_dim)), eps);
-  for (int i = lane; i < half; i += 32) {
+#pragma unroll
+  for (int p = 0; p < kMaxPairsPerLane; ++p) {
+    const int i = lane + 32 * p;
+    if (i >= half) continue;
     if (io.cos_row == nullptr) {
       store(io, i, 0.0f);
       store(io, i + half, 0.0f);
       continue;
     }
-    const float n1 = bf16_round(__fmul_rn(__bfloat162float(io.weight[i]),
-                                          bf16_round(__fmul_rn(__bfloat162float(io.x[i]), r))));
-    const float n2 = bf16_round(__fmul_rn(__bfloat162float(io.weight[i + half]),
-                                          bf16_round(__fmul_rn(__bfloat162float(io.x[i + half]), r))));
-    const float c = __bfloat162float(io.cos_row[i]), s = __bfloat162float(io.sin_row[i]);
-    store(io, i, bf16_round(__fsub_rn(bf16_round(__fmul_rn(n1, c)), bf16_round(__fmul_rn(n2, s)))));
-    store(io, i + half, bf16_round(__fadd_rn(bf16_round(__fmul_rn(n2, c)), bf16_round(__fmul_rn(n1, s)))));
+    const float n1 = bf16_round(__fmul_rn(w1[p], bf16_round(__fmul_rn(x1[p], r))));
+    const float n2 = bf16_round(__fmul_rn(w2[p], bf16_round(__fmul_rn(x2[p], r))));
+    store(io, i, bf16_round(__fsub_rn(bf16_round(__fmul_rn(n1, c[p])), bf16_round(__fmul_rn(n2, sn[p])))));
+    store(io, i + half, bf16_round(__fadd_rn(bf16_round(__fmul_rn(n2, c[p])), bf16_round(__fmul_rn(n1, sn[p])))));
   }
 }
 
@@ -75,9 +107,14 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRope
   const __nv_bfloat16* x = a.qkv + (size_t(t) * heads + j) * d;
   if (j >= a.q_heads + a.kv_heads) {  // v: a copy
     const size_t row = (size_t(t) * a.kv_heads + (j - a.q_heads - a.kv_heads)) * d;
-    for (int i = lane; i < d; i += 32) {
-      a.v[row + i] = __bfloat162float(x[i]);
-      if (a.v_bf16) a.v_bf16[row + i] = x[i];
+    float v[kMaxPerLane];
+    load_lane(x, d, v);
+#pragma unroll
+    for (int k = 0; k < kMaxPerLane; ++k) {
+      const int i = lane + 32 * k;
+      if (i >= d) continue;
+      a.v[row + i] = v[k];
+      if (a.v_bf16) a.v_bf16[row + i] = __float2bfloat16_rn(v[k]);  // exact: v is BF16-valued
     }
     return;
   }
@@ -128,8 +165,9 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   require(a.tokens >= 0, "qk_norm_rope: tokens " + std::to_string(a.tokens) + " is negative");
   require(a.q_heads > 0 && a.kv_heads > 0, "qk_norm_rope: q_heads " + std::to_string(a.q_heads) + " and kv_heads " +
                                                std::to_string(a.kv_heads) + " must be positive");
-  require(a.head_dim > 0 && a.head_dim % 2 == 0,
-          "qk_norm_rope: head_dim " + std::to_string(a.head_dim) + " must be positive and even");
+  require(a.head_dim > 0 && a.head_dim % 2 == 0 && a.head_dim <= kMaxHeadDim,
+          "qk_norm_rope: head_dim " + std::to_string(a.head_dim) + " must be positive, even and at most " +
+              std::to_string(kMaxHeadDim));
   require(a.rope_positions > 0, "qk_norm_rope: rope_positions " + std::to_string(a.rope_positions) +
                                     " must be positive");
   require(a.eps >= 0.0f, "qk_norm_rope: eps " + std::to_string(a.eps) + " is negative");

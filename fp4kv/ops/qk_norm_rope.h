@@ -62,7 +62,7 @@ struct QkNormRopeArgs {
   __nv_bfloat16* v_bf16 = nullptr;
 };
 
-// Throws fp4kv::Error naming the bad argument before launching.
+// Throws fp4kv::Error naming the bad argument (head_dim up to 256) before launching.
 void qk_norm_rope(const QkNormRopeArgs& args, cudaStream_t stream);
 
 }  // namespace fp4kv::ops

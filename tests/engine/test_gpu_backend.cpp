@@ -35,7 +35,7 @@ GpuModelOptions options(int max_batch, int num_blocks, int prefill_chunk = 0) {
   o.max_batch = max_batch;
   o.max_context = 1024;
   o.num_blocks = num_blocks;
-  o.tune_gemms = false;
+  o.gemm_plans = GemmPlans::heuristic;
   o.prefill_chunk = prefill_chunk;
   return o;
 }

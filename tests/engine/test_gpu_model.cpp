@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fp4kv/core/error.h"
@@ -91,16 +92,23 @@ TEST(GpuModel, Pk8lNvfp4MatchesCpuRunnerOverTheSameRecipe) {
   const GpuWeights w = GpuWeights::load(pk8l_dir());
   const Reference ref = reference();
   // 256 tokens: two full pages, so the second page is read quantized by later positions.
-  for (const char* preset : {"nvfp4", "mxfp4", "fp8", "nvfp4-native"}) {
+  // The last row: the GEMV path (the benchmarks' tuned plans at batch 1).
+  for (const auto& [preset, plans] : {std::pair{"nvfp4", GemmPlans::heuristic}, std::pair{"mxfp4", GemmPlans::heuristic},
+                                     std::pair{"fp8", GemmPlans::heuristic},
+                                     std::pair{"nvfp4-native", GemmPlans::heuristic},
+                                     std::pair{"nvfp4", GemmPlans::gemv}}) {
     Recipe recipe = parse_recipe(preset);
-    GpuModel model(w, recipe, cal.mu_k.data(), small_options(1, 512));
+    GpuModelOptions o = small_options(1, 512);
+    o.gemm_plans = plans;
+    GpuModel model(w, recipe, cal.mu_k.data(), o);
     const std::vector<float> gpu = engine_logits(model, ref.tokens);
     const std::vector<float> want = cpu.forward(ref.tokens, eval::recipe_attention(cpu.config(), recipe, &cal));
     const Agreement a = compare(want, gpu, int(ref.tokens.size()), w.config().vocab_size);
     const Agreement to_fp32 = compare(ref.logits, gpu, int(ref.tokens.size()), w.config().vocab_size);
     const Agreement cpu_to_fp32 = compare(ref.logits, want, int(ref.tokens.size()), w.config().vocab_size);
-    std::printf("pk8l %s: engine vs CPU runner mean KL %.3g (top-1 %.3f); vs fp32: engine %.3g, CPU %.3g\n", preset,
-                a.mean_kl, a.top1, to_fp32.mean_kl, cpu_to_fp32.mean_kl);
+    std::printf("pk8l %s%s: engine vs CPU runner mean KL %.3g (top-1 %.3f); vs fp32: engine %.3g, CPU %.3g\n", preset,
+                plans == GemmPlans::gemv ? " (GEMV plans)" : "", a.mean_kl, a.top1, to_fp32.mean_kl,
+                cpu_to_fp32.mean_kl);
     EXPECT_LT(a.mean_kl, 5e-3) << preset;
     EXPECT_GE(a.top1, 0.95) << preset;
   }
@@ -112,10 +120,13 @@ TEST(GpuModel, GraphReplayIsBitIdenticalToEagerSteps) {
   std::vector<int> tokens = reference().tokens;
   tokens.resize(300);  // past two pages: promotions inside the replayed steps
   for (size_t i = 256; i < tokens.size(); ++i) tokens[i] = tokens[i - 200];
-  for (const char* preset : {"nvfp4", "bf16"}) {
+  // And the GEMV path.
+  for (const auto& [preset, plans] : {std::pair{"nvfp4", GemmPlans::heuristic}, std::pair{"bf16", GemmPlans::heuristic},
+                                     std::pair{"nvfp4", GemmPlans::gemv}}) {
     // One model (one set of GEMM plans), the sequence run eagerly and then replayed.
     GpuModelOptions o = small_options(1, 512);
     o.cuda_graphs = false;
+    o.gemm_plans = plans;
     GpuModel model(w, parse_recipe(preset), nullptr, o);
     const std::vector<float> eager = engine_logits(model, tokens);
     EXPECT_FALSE(model.last_step_replayed());
@@ -125,7 +136,7 @@ TEST(GpuModel, GraphReplayIsBitIdenticalToEagerSteps) {
     ASSERT_EQ(eager.size(), replayed.size());
     size_t differ = 0;
     for (size_t i = 0; i < eager.size(); ++i) differ += std::memcmp(&eager[i], &replayed[i], 4) != 0;
-    EXPECT_EQ(differ, 0u) << preset;
+    EXPECT_EQ(differ, 0u) << preset << (plans == GemmPlans::gemv ? " (GEMV plans)" : "");
   }
 }
 
@@ -160,20 +171,29 @@ TEST(GpuModel, BatchedRowsMatchEachRowAlone) {
   std::vector<std::vector<int>> seqs(3);
   for (int s = 0; s < 3; ++s)
     for (int t = 0; t < 160; ++t) seqs[s].push_back(base[(t * (s + 1) + 7 * s) % base.size()]);
-  GpuModel model(w, parse_recipe("nvfp4"), nullptr, small_options(3, 256));
   // Unequal lengths: rows leave the batch as their sequences end.
   seqs[1].resize(100);
   seqs[2].resize(131);
-  const std::vector<std::vector<float>> batched = forced_logits_on_gpu(model, seqs);
-  for (int s = 0; s < 3; ++s) {
-    GpuModel alone(w, parse_recipe("nvfp4"), nullptr, small_options(1, 256));
-    const std::vector<float> single = engine_logits(alone, seqs[s]);
-    // Only the GEMMs' accumulation order may differ with the row count (cuBLASLt picks an
-    // algorithm per shape): BF16-ulp noise, far below the model-vs-reference bounds.
-    const Agreement a = compare(single, batched[s], int(seqs[s].size()), w.config().vocab_size);
-    std::printf("row %d batched vs alone: mean KL %.3g, top-1 %.3f\n", s, a.mean_kl, a.top1);
-    EXPECT_LT(a.mean_kl, 1e-3) << s;
-    EXPECT_GE(a.top1, 0.97) << s;
+  // GEMV plans: every row's sums in the same order whatever the batch (up to 8 rows).
+  for (const GemmPlans plans : {GemmPlans::heuristic, GemmPlans::gemv}) {
+    GpuModelOptions o = small_options(3, 256);
+    o.gemm_plans = plans;
+    GpuModel model(w, parse_recipe("nvfp4"), nullptr, o);
+    const std::vector<std::vector<float>> batched = forced_logits_on_gpu(model, seqs);
+    for (int s = 0; s < 3; ++s) {
+      GpuModelOptions one = small_options(1, 256);
+      one.gemm_plans = plans;
+      GpuModel alone(w, parse_recipe("nvfp4"), nullptr, one);
+      const std::vector<float> single = engine_logits(alone, seqs[s]);
+      // Only the GEMMs' accumulation order may differ with the row count (cuBLASLt picks an
+      // algorithm per shape) and the attention's split plan: BF16-ulp noise, far below the
+      // model-vs-reference bounds.
+      const Agreement a = compare(single, batched[s], int(seqs[s].size()), w.config().vocab_size);
+      std::printf("row %d batched vs alone%s: mean KL %.3g, top-1 %.3f\n", s,
+                  plans == GemmPlans::gemv ? " (GEMV plans)" : "", a.mean_kl, a.top1);
+      EXPECT_LT(a.mean_kl, 1e-3) << s;
+      EXPECT_GE(a.top1, 0.97) << s;
+    }
   }
 }
 

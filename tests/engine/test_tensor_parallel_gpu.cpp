@@ -115,7 +115,7 @@ void expect_slice_of(const GpuWeights& whole, const GpuWeights& part) {
 
 TEST(TensorParallelGpu, WeightSlicesAreTheWholeModelsPieces) {
   SKIP_WITHOUT_GPU();
-  for (const std::string spec : {pk8l_dir(), std::string("pk8l:random")}) {
+  for (const std::string& spec : {pk8l_dir(), std::string("pk8l:random")}) {
     const GpuWeights whole = GpuWeights::from_spec(spec);
     for (const int ranks : {2, 4}) {
       if (whole.config().num_key_value_heads % ranks != 0) continue;

@@ -16,7 +16,7 @@ namespace fp4kv::ops::test {
 namespace {
 
 // How a test runs the product: y = x w^T into a BF16 or FP32 device array.
-enum class Runner { plan, tuned_plan, gemv };
+enum class Runner { plan, tuned_plan, gemv, gemv_plan };
 
 void run_product(Runner how, const GemmShape& s, const DeviceBuffer<uint16_t>& dx, const DeviceBuffer<uint16_t>& dw,
                  void* y) {
@@ -27,6 +27,9 @@ void run_product(Runner how, const GemmShape& s, const DeviceBuffer<uint16_t>& d
   }
   Gemm gemm(s);
   if (how == Runner::tuned_plan) gemm.tune(as_bf16(dx), {as_bf16(dw)}, y, nullptr);
+  if (how == Runner::gemv_plan) {
+    ASSERT_TRUE(gemm.use_gemv());
+  }
   if (f32)
     gemm.run(as_bf16(dx), as_bf16(dw), static_cast<float*>(y), nullptr);
   else
@@ -107,6 +110,15 @@ TEST(GemmGpu, TunedPlanMatchesDoubleProduct) {
     check_gemm(s, seed, Runner::tuned_plan);
     seed += 2;
   }
+}
+
+// A plan told to use the GEMV (GpuModel's GemmPlans::gemv) does where the GEMV applies.
+TEST(GemmGpu, GemvPlanMatchesDoubleProduct) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_FALSE(Gemm(GemmShape{9, 8, 8}).use_gemv());
+  EXPECT_FALSE(Gemm(GemmShape{1, 8, 12}).use_gemv());
+  check_gemm(GemmShape{1, 6144, 2560, GemmOutput::bf16}, 401, Runner::gemv_plan);
+  check_gemm(GemmShape{3, 151, 512, GemmOutput::f32}, 403, Runner::gemv_plan);
 }
 
 TEST(GemmGpu, RejectsBadShapesAndMismatchedOutput) {

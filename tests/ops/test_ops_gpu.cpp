@@ -19,7 +19,10 @@ namespace {
 struct Shape {
   int rows, n;
 };
-const Shape kNormShapes[] = {{1, 1}, {1, 2560}, {3, 7}, {5, 33}, {17, 1000}, {64, 2560}, {2, 9728}};
+// Rows of a multiple of 8 up to 8192 take the vector kernel (1 to 4 chunks a thread), the
+// others the scalar one.
+const Shape kNormShapes[] = {{1, 1},    {1, 2560}, {3, 7},    {5, 33},   {17, 1000},
+                             {64, 2560}, {2, 9728}, {1, 8},   {3, 8192}, {2, 5128}};
 
 // Norm outputs against the twin: within 2 BF16 ulps each (rms_norm.h), equal almost everywhere.
 void expect_norm_close(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, const std::string& what) {
@@ -83,6 +86,20 @@ TEST(OpsGpu, RmsNormMatchesTwin) {
     rms_norm({as_bf16(dx), as_bf16(dw), as_bf16(dy), s.rows, s.n, 1e-6f}, nullptr);
     expect_norm_close(dy.download(), ref_rms_norm(x, w, s.rows, s.n, 1e-6f),
                       "rms_norm " + std::to_string(s.rows) + "x" + std::to_string(s.n));
+  }
+}
+
+// y may alias x: in place gives what out of place gives, on both kernels.
+TEST(OpsGpu, RmsNormInPlace) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 50;
+  for (const Shape s : {Shape{2, 2560}, Shape{3, 7}}) {
+    const auto x = random_bf16(size_t(s.rows) * s.n, 0.1f, 2.0f, seed++);
+    const auto w = random_bf16(size_t(s.n), 1.0f, 0.3f, seed++);
+    DeviceBuffer<uint16_t> dx(x), dw(w), dy(x.size());
+    rms_norm({as_bf16(dx), as_bf16(dw), as_bf16(dy), s.rows, s.n, 1e-6f}, nullptr);
+    rms_norm({as_bf16(dx), as_bf16(dw), as_bf16(dx), s.rows, s.n, 1e-6f}, nullptr);
+    EXPECT_EQ(dx.download(), dy.download()) << s.rows << "x" << s.n;
   }
 }
 
@@ -193,6 +210,8 @@ TEST(OpsGpu, QkNormRopeFlagsBadPositions) {
   EXPECT_EQ(d_flags.download()[0], kErrorPositionOutOfRange);
   const auto q = d_q.download();
   for (int i = 16; i < 32; ++i) EXPECT_EQ(q[size_t(i)], 0) << "token 1 is zeroed";
+  a.head_dim = 258;  // past what a warp holds per head
+  EXPECT_THROW(qk_norm_rope(a, nullptr), Error);
 }
 
 TEST(OpsGpu, SwigluMatchesTwinBitForBit) {
