@@ -33,6 +33,9 @@ namespace {
 
 struct GenerateArgs {
   std::string model = "models/pk8l", kv = "nvfp4", prompt, prompt_file, calibration, device = "auto";
+  // The GPU decode step's GEMM plans (engine::GemmPlans): our GEMV by default, since every
+  // step of one request is batch 1, where it is the fastest plan and needs no timing.
+  std::string gemm_plans = "gemv";
   int tensor_parallel = 1;
   int prefill_chunk = engine::kServingPrefillChunk;  // fp4kv serve's, so both read a prompt alike
   engine::GenerateOptions options;
@@ -64,6 +67,10 @@ void print_stats(const char* device, const Recipe& recipe, const engine::Generat
                "%.2f ms per output token, %.1f tokens/s\n",
                device, recipe.name.c_str(), s.prompt_tokens, s.prefill_seconds, s.generated,
                s.stopped_at_eos ? " (EOS)" : "", 1e3 * s.seconds_per_token(), s.tokens_per_second());
+}
+
+void check_gemm_plans(const std::string& s) {
+  require(s == "gemv" || s == "heuristic" || s == "tuned", "--gemm-plans: '" + s + "' is none of gemv, heuristic, tuned");
 }
 
 int generate_on_cpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>& prompt) {
@@ -101,6 +108,9 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
   spec.options.max_batch = 1;
   spec.options.max_context = int(prompt.size()) + a.options.max_tokens;
   spec.options.prefill_chunk = engine::prefill_chunk_for(config, a.prefill_chunk);  // the tensor-core prefill
+  spec.options.gemm_plans = a.gemm_plans == "tuned"       ? engine::GemmPlans::tuned
+                            : a.gemm_plans == "heuristic" ? engine::GemmPlans::heuristic
+                                                          : engine::GemmPlans::gemv;
   const engine::LoadedStepModel gpu = engine::load_step_model(spec, a.tensor_parallel);
   const engine::GenerateStats s = engine::generate_on_gpu(*gpu.model, prompt, a.options, print_token);
   const std::string device =
@@ -112,6 +122,7 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
 
 int run_generate(const GenerateArgs& a) {
   require(a.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got " + std::to_string(a.prefill_chunk));
+  check_gemm_plans(a.gemm_plans);
   const bool gpu = use_gpu(a.device);
   check_tensor_parallel(a.tensor_parallel, a.model, gpu);
   const Recipe recipe = parse_recipe(a.kv);
@@ -143,6 +154,10 @@ Action add_generate(CLI::App& app) {
   sub->add_option("--calibration", a->calibration, "calibration file (default: beside the model)");
   sub->add_option("--tensor-parallel", a->tensor_parallel, "GPUs to split the model over (NCCL)")->capture_default_str();
   sub->add_option("--prefill-chunk", a->prefill_chunk, "prompt tokens per prefill chunk on the GPU (as fp4kv serve's)")
+      ->capture_default_str();
+  sub->add_option("--gemm-plans", a->gemm_plans,
+                  "the GPU decode step's GEMMs: gemv (ours, the fastest at batch 1), heuristic (cuBLASLt's first "
+                  "choice, as fp4kv serve), tuned (timed at start)")
       ->capture_default_str();
   return [a, prompt] {
     a->prompt_given = prompt->count() > 0;

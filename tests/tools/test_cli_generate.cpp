@@ -63,6 +63,7 @@ TEST(CliGenerate, BadInputsGetClearErrors) {
       {"generate --model /nonexistent --prompt hi", "/nonexistent"},
       {m + "--prompt hi --tensor-parallel 0", "at least 1"},
       {m + "--prompt hi --prefill-chunk 0", "--prefill-chunk"},
+      {m + "--prompt hi --gemm-plans fast", "--gemm-plans"},
       // pk8l's 8 heads and 2 KV heads do not split 3 ways; 2 ways they do, but not on the CPU
       {m + "--prompt hi --tensor-parallel 3", "num_key_value_heads 2"},
       {m + "--prompt hi --tensor-parallel 2 --device cpu", "the CPU engine runs on one machine"},
