@@ -61,14 +61,13 @@ __device__ void norm_rope_head(const HeadIo& io, int head_dim, float eps) {
   const int lane = threadIdx.x % 32, half = head_dim / 2;
   float xs[kMaxPerLane];
   load_lane(io.x, head_dim, xs);
-  // Pair p = (i, i + half), i = lane + 32 p: its inputs.
-  float x1[kMaxPairsPerLane], x2[kMaxPairsPerLane], w1[kMaxPairsPerLane], w2[kMaxPairsPerLane];
+  // Pair p = (i, i + half), i = lane + 32 p: its inputs (x_i is xs[p]).
+  float x2[kMaxPairsPerLane], w1[kMaxPairsPerLane], w2[kMaxPairsPerLane];
   float c[kMaxPairsPerLane], sn[kMaxPairsPerLane];
 #pragma unroll
   for (int p = 0; p < kMaxPairsPerLane; ++p) {
     const int i = lane + 32 * p;
     if (i >= half || io.cos_row == nullptr) continue;
-    x1[p] = __bfloat162float(io.x[i]);
     x2[p] = __bfloat162float(io.x[i + half]);
     w1[p] = __bfloat162float(io.weight[i]);
     w2[p] = __bfloat162float(io.weight[i + half]);
@@ -90,7 +89,7 @@ __device__ void norm_rope_head(const HeadIo& io, int head_dim, float eps) {
       store(io, i + half, 0.0f);
       continue;
     }
-    const float n1 = bf16_round(__fmul_rn(w1[p], bf16_round(__fmul_rn(x1[p], r))));
+    const float n1 = bf16_round(__fmul_rn(w1[p], bf16_round(__fmul_rn(xs[p], r))));
     const float n2 = bf16_round(__fmul_rn(w2[p], bf16_round(__fmul_rn(x2[p], r))));
     store(io, i, bf16_round(__fsub_rn(bf16_round(__fmul_rn(n1, c[p])), bf16_round(__fmul_rn(n2, sn[p])))));
     store(io, i + half, bf16_round(__fadd_rn(bf16_round(__fmul_rn(n2, c[p])), bf16_round(__fmul_rn(n1, sn[p])))));
