@@ -5,13 +5,13 @@
 
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
+#include "fp4kv/ops/bf16x8.cuh"
 #include "fp4kv/ops/common.h"
 
 namespace fp4kv::ops {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kBf16PerVector = 8;  // one uint4 = 16 bytes = 8 BF16
 
 __global__ void __launch_bounds__(kThreads)
     embedding_kernel(const int32_t* ids, const __nv_bfloat16* table, int vocab, int table_first, int table_rows,
@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* dst = out + size_t(t) * hidden;
   const __nv_bfloat16* src = table + size_t(valid ? id - table_first : 0) * hidden;
   if (vectorized) {
-    const int vectors = hidden / kBf16PerVector;
+    const int vectors = hidden / kBf16PerLoad;
     for (int i = threadIdx.x; i < vectors; i += kThreads) {
       const uint4 x = valid ? reinterpret_cast<const uint4*>(src)[i] : make_uint4(0, 0, 0, 0);
       reinterpret_cast<uint4*>(dst)[i] = x;
@@ -32,8 +32,6 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int i = threadIdx.x; i < hidden; i += kThreads) dst[i] = valid ? src[i] : __float2bfloat16_rn(0.0f);
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -48,7 +46,7 @@ void embedding_gather(const EmbeddingArgs& a, cudaStream_t stream) {
                 std::to_string(a.vocab));
   if (a.tokens == 0) return;
   require(a.token_ids && a.table && a.out && a.error_flags, "embedding_gather: a device pointer is null");
-  const bool vectorized = a.hidden % kBf16PerVector == 0 && aligned16(a.table) && aligned16(a.out);
+  const bool vectorized = a.hidden % kBf16PerLoad == 0 && aligned16(a.table) && aligned16(a.out);
   embedding_kernel<<<a.tokens, kThreads, 0, stream>>>(a.token_ids, a.table, a.vocab, a.table_first, table_rows,
                                                        a.hidden, vectorized, a.out, a.error_flags);
   cache::cuda_check_launch("embedding_gather");

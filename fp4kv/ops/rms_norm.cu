@@ -13,7 +13,6 @@
 // makes 2.
 #include "fp4kv/ops/rms_norm.h"
 
-#include <cstdint>
 #include <string>
 
 #include "fp4kv/cache/cuda_check.h"
@@ -91,17 +90,6 @@ __global__ void __launch_bounds__(kThreads)
   normalize_row(residual + row, weight, n, ss, eps, y + row);
 }
 
-// Eight BF16 values of a chunk from floats, each rounded to nearest even.
-__device__ __forceinline__ uint4 float_to_bf16x8(const float (&f)[kChunk]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    w[i] = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i]))) |
-           (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i + 1]))) << 16);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 // Both norms of rows of n = a multiple of 8, n <= kMaxVectorRow, 16-byte aligned rows: with
 // `add`, residual[row] = bf16(residual + delta) first (x is residual then); the same
 // rounding points as the scalar kernels (rms_norm.h), the sum of squares per thread over its
@@ -163,8 +151,6 @@ __global__ void __launch_bounds__(kThreads)
     y4[threadIdx.x + c * kThreads] = float_to_bf16x8(out);
   }
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Whether rows of n at these pointers take norm_rows_kernel.
 bool vector_rows(int n, const void* x, const void* delta, const void* weight, const void* y) {
