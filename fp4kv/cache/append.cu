@@ -40,6 +40,7 @@ struct RowTarget {
   int slot = -1, block = -1;  // quantized formats: the slot; BF16: the pool block
   bool to_sink = false;       // also (prefill: only) the sink row `pos`
   bool count = true;          // count its non-finite elements here
+  bool write = true;          // false: the step failed (error flags); the row is read, not written
 };
 
 // Transforms (K), rounds and writes one row of W values (input: W floats).
@@ -53,6 +54,7 @@ __device__ __forceinline__ void write_row(const CacheDims& dims, const CacheMem&
   int bad = 0;
   cache_row<W>(input, is_key ? mu_row(dims, mem, t.layer, t.head) : nullptr, is_key, dims.smooth, dims.rotate, lane, v,
                bad);
+  if (!t.write) return;
   if (t.count) flush_nonfinite(mem.nonfinite, bad);
   if (dims.quantized()) {
     const int row = t.to_sink && mode == RowMode::prefill ? t.pos : kSinkTokens + t.pos % kPage;
@@ -77,15 +79,21 @@ __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
   const long long width = dims.width(t.kv);
   const float* input;
   if (a.mode == RowMode::append) {
-    if (*a.mem.error_flags != 0) return;  // uniform: nothing writes the flags during this kernel
+    // The sticky error flags (uniform: nothing writes them during this kernel), the row's
+    // length and slot and, in write_row, its K or V values are loaded together, one memory
+    // latency, and the flags tested only before anything is written: every address here is
+    // valid whatever the flags say. A BF16 pool row's block needs a valid length first.
+    const bool failed = *a.mem.error_flags != 0;
     const int row = blockIdx.x;
     t.layer = a.step.layer;
     t.pos = a.step.seq_lens[row] - 1;
+    t.write = !failed;
     input = (is_key ? a.step.k : a.step.v) + (static_cast<long long>(row) * dims.heads + t.head) * width;
     if (dims.quantized()) {
       t.slot = a.plan.row_slot[row];
       t.to_sink = dims.sink && t.pos < kSinkTokens;
     } else {
+      if (failed) return;
       t.block = a.step.block_tables[static_cast<long long>(row) * a.step.max_pages + t.pos / kPage];
     }
   } else {

@@ -1,8 +1,9 @@
 // QK-norm + RoPE kernel: one warp per (token, head) over the q, k and v heads of the QKV
-// row; a lane handles the rotation pairs (i, i + half) for i = lane, lane + 32, ... A lane
-// loads everything it reads before it stores anything: at a decode step the kernel is a few
-// L2 round trips long, and a store between two loads (which might alias) would make each load
-// its own round trip.
+// row; a lane handles the rotation pairs (i, i + half) for i = lane, lane + 32, ... At a
+// decode step the kernel is a few L2 round trips long, so what does not depend on the QKV
+// GEMM (position, norm weights, cos/sin) is loaded before waiting for it, and a lane loads
+// everything it reads before it stores anything (a store between two loads, which might
+// alias, would make each load its own round trip).
 #include "fp4kv/ops/qk_norm_rope.h"
 
 #include <cmath>
@@ -32,19 +33,15 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-// Normalizes and rotates one head x[head_dim] into `store(i, value)`.
-struct HeadIo {
-  const __nv_bfloat16* x;
-  const __nv_bfloat16* weight;
-  const __nv_bfloat16* cos_row;  // null: position out of range (outputs zero)
-  const __nv_bfloat16* sin_row;
-  __nv_bfloat16* out_bf16;  // either output may be null (the value is BF16-exact: both agree)
-  float* out_f32;
+// Where one head's outputs go: either output may be null (the value is BF16-exact: both agree).
+struct HeadOut {
+  __nv_bfloat16* bf16 = nullptr;
+  float* f32 = nullptr;
 };
 
-__device__ void store(const HeadIo& io, int i, float value) {
-  if (io.out_bf16 != nullptr) io.out_bf16[i] = __float2bfloat16_rn(value);
-  if (io.out_f32 != nullptr) io.out_f32[i] = value;
+__device__ void store(const HeadOut& out, int i, float value) {
+  if (out.bf16 != nullptr) out.bf16[i] = __float2bfloat16_rn(value);
+  if (out.f32 != nullptr) out.f32[i] = value;
 }
 
 // Element i = lane + 32 j of a head, j < kMaxPerLane (0 past head_dim), widened.
@@ -57,22 +54,41 @@ __device__ __forceinline__ void load_lane(const __nv_bfloat16* x, int head_dim, 
   }
 }
 
-__device__ void norm_rope_head(const HeadIo& io, int head_dim, float eps) {
+// What a lane needs of a head besides its values: for its rotation pairs p = (i, i + half),
+// i = lane + 32 p, the norm weights and the position's cos/sin. None of it comes from the
+// kernel's producer, so it is loaded before waiting for it.
+struct PairConstants {
+  bool rotate = false;  // false: the position is outside the table (outputs zero)
+  float w1[kMaxPairsPerLane], w2[kMaxPairsPerLane], c[kMaxPairsPerLane], sn[kMaxPairsPerLane];
+};
+
+__device__ __forceinline__ void load_pair_constants(const __nv_bfloat16* weight, const __nv_bfloat16* cos_row,
+                                                    const __nv_bfloat16* sin_row, int head_dim, PairConstants& k) {
   const int lane = threadIdx.x % 32, half = head_dim / 2;
-  float xs[kMaxPerLane];
-  load_lane(io.x, head_dim, xs);
-  // Pair p = (i, i + half), i = lane + 32 p: its inputs (x_i is xs[p]).
-  float x2[kMaxPairsPerLane], w1[kMaxPairsPerLane], w2[kMaxPairsPerLane];
-  float c[kMaxPairsPerLane], sn[kMaxPairsPerLane];
+  k.rotate = cos_row != nullptr;
 #pragma unroll
   for (int p = 0; p < kMaxPairsPerLane; ++p) {
     const int i = lane + 32 * p;
-    if (i >= half || io.cos_row == nullptr) continue;
-    x2[p] = __bfloat162float(io.x[i + half]);
-    w1[p] = __bfloat162float(io.weight[i]);
-    w2[p] = __bfloat162float(io.weight[i + half]);
-    c[p] = __bfloat162float(io.cos_row[i]);
-    sn[p] = __bfloat162float(io.sin_row[i]);
+    if (i >= half || !k.rotate) continue;
+    k.w1[p] = __bfloat162float(weight[i]);
+    k.w2[p] = __bfloat162float(weight[i + half]);
+    k.c[p] = __bfloat162float(cos_row[i]);
+    k.sn[p] = __bfloat162float(sin_row[i]);
+  }
+}
+
+// Normalizes and rotates one head x[head_dim] into `out`.
+__device__ void norm_rope_head(const __nv_bfloat16* x, const PairConstants& k, const HeadOut& out, int head_dim,
+                               float eps) {
+  const int lane = threadIdx.x % 32, half = head_dim / 2;
+  float xs[kMaxPerLane];
+  load_lane(x, head_dim, xs);
+  float x2[kMaxPairsPerLane];  // x_{i + half} of pair p (x_i is xs[p])
+#pragma unroll
+  for (int p = 0; p < kMaxPairsPerLane; ++p) {
+    const int i = lane + 32 * p;
+    if (i >= half || !k.rotate) continue;
+    x2[p] = __bfloat162float(x[i + half]);
   }
   float ss = 0.0f;
 #pragma unroll
@@ -84,55 +100,69 @@ __device__ void norm_rope_head(const HeadIo& io, int head_dim, float eps) {
   for (int p = 0; p < kMaxPairsPerLane; ++p) {
     const int i = lane + 32 * p;
     if (i >= half) continue;
-    if (io.cos_row == nullptr) {
-      store(io, i, 0.0f);
-      store(io, i + half, 0.0f);
+    if (!k.rotate) {
+      store(out, i, 0.0f);
+      store(out, i + half, 0.0f);
       continue;
     }
-    const float n1 = bf16_round(__fmul_rn(w1[p], bf16_round(__fmul_rn(xs[p], r))));
-    const float n2 = bf16_round(__fmul_rn(w2[p], bf16_round(__fmul_rn(x2[p], r))));
-    store(io, i, bf16_round(__fsub_rn(bf16_round(__fmul_rn(n1, c[p])), bf16_round(__fmul_rn(n2, sn[p])))));
-    store(io, i + half, bf16_round(__fadd_rn(bf16_round(__fmul_rn(n2, c[p])), bf16_round(__fmul_rn(n1, sn[p])))));
+    const float n1 = bf16_round(__fmul_rn(k.w1[p], bf16_round(__fmul_rn(xs[p], r))));
+    const float n2 = bf16_round(__fmul_rn(k.w2[p], bf16_round(__fmul_rn(x2[p], r))));
+    store(out, i, bf16_round(__fsub_rn(bf16_round(__fmul_rn(n1, k.c[p])), bf16_round(__fmul_rn(n2, k.sn[p])))));
+    store(out, i + half, bf16_round(__fadd_rn(bf16_round(__fmul_rn(n2, k.c[p])), bf16_round(__fmul_rn(n1, k.sn[p])))));
   }
 }
 
+// The v heads' copy: row `row` of v (and v_bf16).
+__device__ void copy_value_head(const QkNormRopeArgs& a, const __nv_bfloat16* x, size_t row) {
+  const int lane = threadIdx.x % 32, d = a.head_dim;
+  float v[kMaxPerLane];
+  load_lane(x, d, v);
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) {
+    const int i = lane + 32 * k;
+    if (i >= d) continue;
+    a.v[row + i] = v[k];
+    if (a.v_bf16) a.v_bf16[row + i] = __float2bfloat16_rn(v[k]);  // exact: v is BF16-valued
+  }
+}
+
+// One warp per (token, head). The position, the norm weights and the RoPE row are read before
+// waiting for the QKV GEMM (the producer): positions are uploaded before the step and the
+// rest is constant, so after the wait only the head's values are a memory latency away.
 __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRopeArgs a) {
   cache::allow_dependents();  // the cache's append may set up its grid
-  cache::wait_for_producer();  // launched as a programmatic dependent of the QKV GEMM
   const int heads = a.q_heads + 2 * a.kv_heads;
   const int64_t job = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (job >= int64_t(a.tokens) * heads) return;
-  const int t = int(job / heads), j = int(job % heads), lane = threadIdx.x % 32, d = a.head_dim;
+  const bool has_job = job < int64_t(a.tokens) * heads;
+  const int t = has_job ? int(job / heads) : 0, j = has_job ? int(job % heads) : 0, d = a.head_dim;
+  const bool is_q = j < a.q_heads, is_v = j >= a.q_heads + a.kv_heads;
+  int pos = 0;
+  bool valid = false;
+  PairConstants k;
+  if (has_job && !is_v) {
+    pos = a.positions[t];
+    valid = pos >= 0 && pos < a.rope_positions;
+    const size_t rope_row = size_t(valid ? pos : 0) * (d / 2);
+    load_pair_constants(is_q ? a.q_norm : a.k_norm, valid ? a.rope_cos + rope_row : nullptr,
+                        valid ? a.rope_sin + rope_row : nullptr, d, k);
+  }
+  cache::wait_for_producer();  // launched as a programmatic dependent of the QKV GEMM
+  if (!has_job) return;
   const __nv_bfloat16* x = a.qkv + (size_t(t) * heads + j) * d;
-  if (j >= a.q_heads + a.kv_heads) {  // v: a copy
-    const size_t row = (size_t(t) * a.kv_heads + (j - a.q_heads - a.kv_heads)) * d;
-    float v[kMaxPerLane];
-    load_lane(x, d, v);
-#pragma unroll
-    for (int k = 0; k < kMaxPerLane; ++k) {
-      const int i = lane + 32 * k;
-      if (i >= d) continue;
-      a.v[row + i] = v[k];
-      if (a.v_bf16) a.v_bf16[row + i] = __float2bfloat16_rn(v[k]);  // exact: v is BF16-valued
-    }
+  if (is_v) {
+    copy_value_head(a, x, (size_t(t) * a.kv_heads + (j - a.q_heads - a.kv_heads)) * d);
     return;
   }
-  const int pos = a.positions[t];
-  const bool valid = pos >= 0 && pos < a.rope_positions;
-  if (!valid && lane == 0 && j == 0) atomicOr(a.error_flags, kErrorPositionOutOfRange);
-  const size_t rope_row = size_t(valid ? pos : 0) * (d / 2);
-  HeadIo io{x, nullptr, valid ? a.rope_cos + rope_row : nullptr, valid ? a.rope_sin + rope_row : nullptr,
-            nullptr, nullptr};
-  if (j < a.q_heads) {
-    io.weight = a.q_norm;
-    io.out_bf16 = a.q + (size_t(t) * a.q_heads + j) * d;
+  if (!valid && threadIdx.x % 32 == 0 && j == 0) atomicOr(a.error_flags, kErrorPositionOutOfRange);
+  HeadOut out;
+  if (is_q) {
+    out.bf16 = a.q + (size_t(t) * a.q_heads + j) * d;
   } else {
-    io.weight = a.k_norm;
     const size_t row = (size_t(t) * a.kv_heads + (j - a.q_heads)) * d;
-    io.out_f32 = a.k + row;
-    io.out_bf16 = a.k_bf16 ? a.k_bf16 + row : nullptr;
+    out.f32 = a.k + row;
+    out.bf16 = a.k_bf16 ? a.k_bf16 + row : nullptr;
   }
-  norm_rope_head(io, d, a.eps);
+  norm_rope_head(x, k, out, d, a.eps);
 }
 
 }  // namespace

@@ -17,8 +17,11 @@
 // BF16 ulp on n, so a few BF16 ulps of the head's largest |n| on the rotated outputs).
 //
 // Invariants: positions index the RoPE table; one outside [0, table rows) raises
-// kErrorPositionOutOfRange (common.h) and zeroes that token's q and k. No host
-// synchronization (graph-capturable).
+// kErrorPositionOutOfRange (common.h) and zeroes that token's q and k. Launched as a
+// programmatic dependent of the op before it on the stream (the QKV GEMM), it reads
+// positions, the norm weights and the table before waiting for that op: they must be
+// written before it (uploaded before the step), never by it. No host synchronization
+// (graph-capturable).
 #pragma once
 
 #include <cuda_bf16.h>
