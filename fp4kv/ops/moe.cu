@@ -3,6 +3,16 @@
 // sort lists, per used expert in ascending order, the (row, slot) pairs routed to it; the
 // gate_up and down kernels run one warp per (used expert, output feature) over that expert's
 // pairs; a last kernel folds each row's expert outputs in ascending expert order.
+//
+// Two forms of the same arithmetic (ProductForm), chosen by the number of rows: one row (a
+// single request's decode step: each chosen expert has one pair, 8 experts' rows, under two
+// waves of CTAs) is latency-bound, so its kernels are programmatic dependents of the op before
+// them (launch overlapped with that op's tail; each waits for its producer before reading
+// anything, and the weights a warp reads depend on the routing, so none can be loaded
+// earlier) and a product warp issues every weight chunk of its rows at once; more rows are
+// throughput-bound (Qwen3-30B-A3B at 8 rows: ~50 experts, 6144 CTAs), where fewer registers
+// per warp and plain launches measured faster (docs/PERF.md, "The MoE block at one row").
+// Both forms sum each lane's products in k order: their outputs are the same bits.
 #include "fp4kv/ops/moe.h"
 
 #include <algorithm>
@@ -10,6 +20,7 @@
 #include <string>
 
 #include "fp4kv/cache/cuda_check.h"
+#include "fp4kv/cache/dependent_launch.cuh"
 #include "fp4kv/ops/bf16x8.cuh"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/hd_math.h"
@@ -23,11 +34,27 @@ constexpr int kRouteWarps = 4;                            // rows per routing CT
 constexpr int kExpertsPerLane = kMoeMaxExperts / 32;      // routing: experts lane, lane + 32, ...
 constexpr int kProductWarps = 8;                          // output features per product CTA
 constexpr int kPairsPerPass = 4;                          // pairs a product warp accumulates at once
+constexpr int kLoadsInFlight = 4;                         // latency form: chunks of each row a lane loads at once
 constexpr int kChunk = kBf16PerLoad;
 static_assert(kMoeDimMultiple % kChunk == 0, "rows must be whole 16-byte loads");
 constexpr int kSortThreads = 1024;
 constexpr int kFoldThreads = 256;
 constexpr int kMaxFoldBlocks = 4096;
+
+// How the block's kernels launch and a product warp reads its weight rows (the file comment
+// says when each is used).
+enum class ProductForm { latency, throughput };
+
+// A kernel's first statement: in the latency form (a programmatic dependent) it lets the next
+// op set up its grid and waits for its producer; the throughput form leaves both to the plain
+// launches (an early trigger there measured slower at 8 rows).
+template <ProductForm Form>
+__device__ __forceinline__ void enter() {
+  if constexpr (Form == ProductForm::latency) {
+    cache::allow_dependents();
+    cache::wait_for_producer();
+  }
+}
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
@@ -35,7 +62,9 @@ __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(_
 __device__ __forceinline__ bool ranks_before(float v, int e, float bv, int be) { return v > bv || (v == bv && e < be); }
 
 // ---- routing: one warp per row ----
+template <ProductForm Form>
 __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRouteArgs a) {
+  enter<Form>();  // the router's logits
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kRouteWarps + threadIdx.x / 32;
   if (row >= a.rows) return;
@@ -115,9 +144,11 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRouteArg
 // first_expert: pairs of experts outside the held range are left out); begin[s] .. begin[s + 1]
 // its range in `pairs`. Within a range the order is the atomics' (each pair's output does not
 // depend on it).
+template <ProductForm Form>
 __global__ void __launch_bounds__(kSortThreads)
     moe_group_kernel(const int32_t* experts, int num_pairs, int first_expert, int num_experts, MoeWorkspace ws) {
   __shared__ int32_t count[kMoeMaxExperts], offset[kMoeMaxExperts];
+  enter<Form>();  // the routing
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count[e] = 0;
   __syncthreads();
   for (int p = threadIdx.x; p < num_pairs; p += blockDim.x) {
@@ -147,30 +178,78 @@ __global__ void __launch_bounds__(kSortThreads)
   }
 }
 
-// Dot products of `n` pairs' rows of X (x_rows[i] points at row i) with one weight row,
-// accumulated per lane in k order, then summed over the warp; every lane gets the sums.
+// acc[i] summed over the warp (a butterfly: every lane gets the sums).
 template <int N>
-__device__ __forceinline__ void warp_dots(const __nv_bfloat16* const (&x_rows)[N], int n, const uint4* w_row,
-                                          int chunks, float (&acc)[N]) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int i = 0; i < N; ++i) acc[i] = 0.0f;
-#pragma unroll 4  // loads of four chunks in flight; each acc[i] still sums in k order
-  for (int c = lane; c < chunks; c += 32) {
-    float wf[kChunk];
-    bf16x8_to_float(__ldg(w_row + c), wf);
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      if (i >= n) break;
-      float xf[kChunk];
-      bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x_rows[i]) + c), xf);
-#pragma unroll
-      for (int t = 0; t < kChunk; ++t) acc[i] = fmaf(wf[t], xf[t], acc[i]);
-    }
-  }
+__device__ __forceinline__ void warp_sum_all(float (&acc)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     for (int o = 16; o > 0; o /= 2) acc[i] += __shfl_xor_sync(kFullMask, acc[i], o);
+  }
+}
+
+// Dot products of `n` pairs' rows of X (x_rows[i] points at row i) with R weight rows
+// (w_rows[r]): acc[r][i] = <W_r, X_i>, accumulated per lane in k order (chunks lane,
+// lane + 32, ...), then summed over the warp; every lane gets the sums. The latency form
+// issues the lane's next kLoadsInFlight chunks of every weight row before it uses any; the
+// throughput form runs the rows one after another with four chunks in flight, in fewer
+// registers.
+template <ProductForm Form, int R, int N>
+__device__ __forceinline__ void warp_dots(const __nv_bfloat16* const (&x_rows)[N], int n,
+                                          const uint4* const (&w_rows)[R], int chunks, float (&acc)[R][N]) {
+  const int lane = threadIdx.x % 32;
+  if constexpr (Form == ProductForm::latency) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[r][i] = 0.0f;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * kLoadsInFlight) {
+      uint4 w[R][kLoadsInFlight];
+#pragma unroll
+      for (int b = 0; b < kLoadsInFlight; ++b)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (c0 + 32 * b < chunks) w[r][b] = __ldg(w_rows[r] + c0 + 32 * b);
+#pragma unroll
+      for (int b = 0; b < kLoadsInFlight; ++b) {
+        const int c = c0 + 32 * b;
+        if (c >= chunks) break;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          if (i >= n) break;
+          float xf[kChunk];
+          bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x_rows[i]) + c), xf);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float wf[kChunk];
+            bf16x8_to_float(w[r][b], wf);
+#pragma unroll
+            for (int t = 0; t < kChunk; ++t) acc[r][i] = fmaf(wf[t], xf[t], acc[r][i]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) warp_sum_all(acc[r]);
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[r][i] = 0.0f;
+#pragma unroll 4  // loads of four chunks in flight; each acc[r][i] still sums in k order
+      for (int c = lane; c < chunks; c += 32) {
+        float wf[kChunk];
+        bf16x8_to_float(__ldg(w_rows[r] + c), wf);
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          if (i >= n) break;
+          float xf[kChunk];
+          bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x_rows[i]) + c), xf);
+#pragma unroll
+          for (int t = 0; t < kChunk; ++t) acc[r][i] = fmaf(wf[t], xf[t], acc[r][i]);
+        }
+      }
+      warp_sum_all(acc[r]);
+    }
   }
 }
 
@@ -186,17 +265,19 @@ __device__ __forceinline__ float element(const float (&v)[N], int i) {
 }
 
 // ---- gate_up + SwiGLU: one warp per (used expert slot, intermediate feature c) ----
+template <ProductForm Form>
 __global__ void __launch_bounds__(kProductWarps * 32)
     moe_gate_up_kernel(MoeExpertsArgs a, MoeWorkspace ws) {
+  enter<Form>();  // the grouping
   const int32_t *used = ws.used, *begin = ws.begin, *pairs = ws.pairs;
   const int slot = blockIdx.y;
   const int c = blockIdx.x * kProductWarps + threadIdx.x / 32;
   if (slot >= used[0] || c >= a.intermediate) return;
   const int e = used[1 + slot];
   const int chunks = a.hidden / kChunk;
-  const uint4* w_gate = reinterpret_cast<const uint4*>(a.gate_up + (size_t(e) * 2 * a.intermediate + c) * a.hidden);
-  const uint4* w_up =
-      reinterpret_cast<const uint4*>(a.gate_up + (size_t(e) * 2 * a.intermediate + a.intermediate + c) * a.hidden);
+  const uint4* const w_rows[2] = {  // the gate row, then the up row
+      reinterpret_cast<const uint4*>(a.gate_up + (size_t(e) * 2 * a.intermediate + c) * a.hidden),
+      reinterpret_cast<const uint4*>(a.gate_up + (size_t(e) * 2 * a.intermediate + a.intermediate + c) * a.hidden)};
   for (int first = begin[slot]; first < begin[slot + 1]; first += kPairsPerPass) {
     const int n = min(kPairsPerPass, begin[slot + 1] - first);
     const __nv_bfloat16* x_rows[kPairsPerPass];
@@ -205,44 +286,47 @@ __global__ void __launch_bounds__(kProductWarps * 32)
       const int pair = pairs[first + min(i, n - 1)];
       x_rows[i] = a.x + size_t(pair / a.top_k) * a.hidden;
     }
-    float g[kPairsPerPass], u[kPairsPerPass];
-    warp_dots(x_rows, n, w_gate, chunks, g);
-    warp_dots(x_rows, n, w_up, chunks, u);
+    float gu[2][kPairsPerPass];  // gate, up
+    warp_dots<Form>(x_rows, n, w_rows, chunks, gu);
     if (threadIdx.x % 32 < n) {  // lane i writes pair i
       const int i = threadIdx.x % 32;
-      const float act = round_bf16(silu(round_bf16(element(g, i))));
+      const float act = round_bf16(silu(round_bf16(element(gu[0], i))));
       a.act[size_t(pairs[first + i]) * a.intermediate + c] =
-          __float2bfloat16_rn(__fmul_rn(act, round_bf16(element(u, i))));
+          __float2bfloat16_rn(__fmul_rn(act, round_bf16(element(gu[1], i))));
     }
   }
 }
 
 // ---- down: one warp per (used expert slot, hidden feature h); y[pair][h] = bf16(act . W_down) ----
+template <ProductForm Form>
 __global__ void __launch_bounds__(kProductWarps * 32)
     moe_down_kernel(MoeCombineArgs a, MoeWorkspace ws) {
+  enter<Form>();  // the experts' activations
   const int32_t *used = ws.used, *begin = ws.begin, *pairs = ws.pairs;
   __nv_bfloat16* y = ws.y;
   const int slot = blockIdx.y;
   const int h = blockIdx.x * kProductWarps + threadIdx.x / 32;
   if (slot >= used[0] || h >= a.hidden) return;
   const int e = used[1 + slot];
-  const uint4* w = reinterpret_cast<const uint4*>(a.down + (size_t(e) * a.hidden + h) * a.intermediate);
+  const uint4* const w_rows[1] = {reinterpret_cast<const uint4*>(a.down + (size_t(e) * a.hidden + h) * a.intermediate)};
   for (int first = begin[slot]; first < begin[slot + 1]; first += kPairsPerPass) {
     const int n = min(kPairsPerPass, begin[slot + 1] - first);
     const __nv_bfloat16* act_rows[kPairsPerPass];
 #pragma unroll
     for (int i = 0; i < kPairsPerPass; ++i) act_rows[i] = a.act + size_t(pairs[first + min(i, n - 1)]) * a.intermediate;
-    float d[kPairsPerPass];
-    warp_dots(act_rows, n, w, a.intermediate / kChunk, d);
+    float d[1][kPairsPerPass];
+    warp_dots<Form>(act_rows, n, w_rows, a.intermediate / kChunk, d);
     if (threadIdx.x % 32 < n) {  // lane i writes pair i
       const int i = threadIdx.x % 32;
-      y[size_t(pairs[first + i]) * a.hidden + h] = __float2bfloat16_rn(element(d, i));
+      y[size_t(pairs[first + i]) * a.hidden + h] = __float2bfloat16_rn(element(d[0], i));
     }
   }
 }
 
 // ---- fold: out[row][h] = the row's expert outputs times their weights, ascending experts ----
+template <ProductForm Form>
 __global__ void __launch_bounds__(kFoldThreads) moe_fold_kernel(MoeCombineArgs a, const __nv_bfloat16* y) {
+  enter<Form>();  // the experts' outputs
   const int64_t total = int64_t(a.rows) * a.hidden;
   for (int64_t i = int64_t(blockIdx.x) * kFoldThreads + threadIdx.x; i < total; i += int64_t(gridDim.x) * kFoldThreads) {
     const int64_t row = i / a.hidden, h = i % a.hidden;
@@ -256,6 +340,20 @@ __global__ void __launch_bounds__(kFoldThreads) moe_fold_kernel(MoeCombineArgs a
     }
     a.out[i] = __float2bfloat16_rn(acc);
   }
+}
+
+// The form for `rows` rows (the file comment says why).
+ProductForm product_form(int rows) { return rows == 1 ? ProductForm::latency : ProductForm::throughput; }
+
+// A kernel of the block in `form`: its latency instance as a programmatic dependent, or its
+// throughput instance plainly.
+template <class... Params, class... Args>
+void launch(ProductForm form, void (*latency)(Params...), void (*throughput)(Params...), dim3 grid, dim3 block,
+            cudaStream_t stream, Args... args) {
+  if (form == ProductForm::latency)
+    cache::launch_dependent(latency, grid, block, 0, stream, args...);
+  else
+    throughput<<<grid, block, 0, stream>>>(args...);
 }
 
 // Runs per layer of every eager step: the message is built only on failure.
@@ -300,7 +398,9 @@ void moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
   if (a.rows < 0) throw Error("moe_route: rows " + std::to_string(a.rows) + " is negative");
   if (a.rows == 0) return;
   if (!a.logits || !a.experts || !a.weights || !a.error_flags) throw Error("moe_route: a device pointer is null");
-  moe_route_kernel<<<(a.rows + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, 0, stream>>>(a);
+  const ProductForm form = product_form(a.rows);
+  launch(form, moe_route_kernel<ProductForm::latency>, moe_route_kernel<ProductForm::throughput>,
+         dim3((a.rows + kRouteWarps - 1) / kRouteWarps), dim3(kRouteWarps * 32), stream, a);
   cache::cuda_check_launch("moe_route");
 }
 
@@ -311,10 +411,13 @@ void moe_experts(const MoeExpertsArgs& a, const MoeWorkspace& ws, cudaStream_t s
   if (!a.x || !a.gate_up || !a.experts || !a.act || !ws.used || !ws.y)
     throw Error("moe_experts: a device pointer is null");
   const int pairs = a.rows * a.top_k;
-  moe_group_kernel<<<1, kSortThreads, 0, stream>>>(a.experts, pairs, a.first_expert, a.num_experts, ws);
+  const ProductForm form = product_form(a.rows);
+  launch(form, moe_group_kernel<ProductForm::latency>, moe_group_kernel<ProductForm::throughput>, dim3(1),
+         dim3(kSortThreads), stream, a.experts, pairs, a.first_expert, a.num_experts, ws);
   cache::cuda_check_launch("moe_experts: grouping");
   const dim3 grid((a.intermediate + kProductWarps - 1) / kProductWarps, std::min(a.num_experts, pairs));
-  moe_gate_up_kernel<<<grid, kProductWarps * 32, 0, stream>>>(a, ws);
+  launch(form, moe_gate_up_kernel<ProductForm::latency>, moe_gate_up_kernel<ProductForm::throughput>, grid,
+         dim3(kProductWarps * 32), stream, a, ws);
   cache::cuda_check_launch("moe_experts: gate_up");
 }
 
@@ -326,11 +429,14 @@ void moe_combine(const MoeCombineArgs& a, const MoeWorkspace& ws, cudaStream_t s
     throw Error("moe_combine: a device pointer is null");
   const int pairs = a.rows * a.top_k;
   const dim3 grid((a.hidden + kProductWarps - 1) / kProductWarps, std::min(a.num_experts, pairs));
-  moe_down_kernel<<<grid, kProductWarps * 32, 0, stream>>>(a, ws);
+  const ProductForm form = product_form(a.rows);
+  launch(form, moe_down_kernel<ProductForm::latency>, moe_down_kernel<ProductForm::throughput>, grid,
+         dim3(kProductWarps * 32), stream, a, ws);
   cache::cuda_check_launch("moe_combine: down");
   const int64_t total = int64_t(a.rows) * a.hidden;
   const int blocks = int(std::min<int64_t>(kMaxFoldBlocks, (total + kFoldThreads - 1) / kFoldThreads));
-  moe_fold_kernel<<<blocks, kFoldThreads, 0, stream>>>(a, ws.y);
+  launch(form, moe_fold_kernel<ProductForm::latency>, moe_fold_kernel<ProductForm::throughput>, dim3(blocks),
+         dim3(kFoldThreads), stream, a, static_cast<const __nv_bfloat16*>(ws.y));
   cache::cuda_check_launch("moe_combine: fold");
 }
 

@@ -173,10 +173,51 @@ TEST(MoeGpu, ExpertsAndCombineMatchTwins) {
   uint32_t seed = 100;
   for (const BlockCase c : {BlockCase{1, 8, 2, 64, 48}, BlockCase{1, 128, 8, 256, 96}, BlockCase{5, 16, 4, 64, 48},
                             BlockCase{33, 16, 4, 128, 64}, BlockCase{64, 32, 8, 64, 32}, BlockCase{2, 16, 8, 1024, 256},
-                            BlockCase{3, 4, 4, 8, 8}}) {
+                            BlockCase{3, 4, 4, 8, 8}, BlockCase{1, 16, 8, 2048, 768}}) {
     check_block(c, seed);
     seed += 10;
   }
+}
+
+// act and out of `rows` rows (the first `rows` of x) routed by the twin over `logits`.
+struct BlockOutput {
+  std::vector<uint16_t> act, out;
+};
+BlockOutput run_block(const BlockCase& c, int rows, const std::vector<uint16_t>& logits,
+                      const std::vector<uint16_t>& x, const DeviceBuffer<uint16_t>& d_gate_up,
+                      const DeviceBuffer<uint16_t>& d_down) {
+  const MoeRouteReference route = ref_moe_route(logits, rows, c.experts, c.top_k, true);
+  DeviceBuffer<uint16_t> d_x(std::vector<uint16_t>(x.begin(), x.begin() + long(rows) * c.hidden));
+  DeviceBuffer<int32_t> d_experts(route.experts);
+  DeviceBuffer<float> d_weights(route.weights);
+  DeviceBuffer<uint16_t> d_act(size_t(rows) * c.top_k * c.intermediate), d_out(size_t(rows) * c.hidden);
+  DeviceBuffer<uint8_t> scratch(moe_workspace_bytes(rows, c.top_k, c.hidden, c.experts));
+  const MoeWorkspace ws = moe_workspace(scratch.get(), rows, c.top_k, c.experts);
+  moe_experts({as_bf16(d_x), as_bf16(d_gate_up), d_experts.get(), as_bf16(d_act), rows, c.top_k, c.experts, c.hidden,
+               c.intermediate, 0},
+              ws, nullptr);
+  moe_combine({as_bf16(d_act), as_bf16(d_down), d_experts.get(), d_weights.get(), as_bf16(d_out), rows, c.top_k,
+               c.experts, c.hidden, c.intermediate, 0},
+              ws, nullptr);
+  return {d_act.download(), d_out.download()};
+}
+
+// One row takes the latency form of the kernels, several rows the throughput form (moe.cu):
+// a row's act and out must be the same bits alone and inside a batch, whichever pairs share
+// its experts there.
+TEST(MoeGpu, OneRowMatchesTheSameRowInABatch) {
+  SKIP_WITHOUT_GPU();
+  const BlockCase c{6, 8, 4, 1024, 256};  // 6 rows x 4 of 8 experts: the experts are shared
+  const auto logits = random_bf16(size_t(c.rows) * c.experts, 0.0f, 2.0f, 900);
+  const auto x = random_bf16(size_t(c.rows) * c.hidden, 0.0f, 1.0f, 901);
+  DeviceBuffer<uint16_t> d_gate_up(random_bf16(size_t(c.experts) * 2 * c.intermediate * c.hidden, 0.0f,
+                                               1.0f / std::sqrt(float(c.hidden)), 902));
+  DeviceBuffer<uint16_t> d_down(random_bf16(size_t(c.experts) * c.hidden * c.intermediate, 0.0f,
+                                            1.0f / std::sqrt(float(c.intermediate)), 903));
+  const BlockOutput batch = run_block(c, c.rows, logits, x, d_gate_up, d_down);
+  const BlockOutput alone = run_block(c, 1, logits, x, d_gate_up, d_down);
+  for (size_t i = 0; i < alone.act.size(); ++i) ASSERT_EQ(alone.act[i], batch.act[i]) << "act " << i;
+  for (size_t i = 0; i < alone.out.size(); ++i) ASSERT_EQ(alone.out[i], batch.out[i]) << "out " << i;
 }
 
 // A tensor-parallel rank's experts: pairs of other experts are skipped, out sums only its own
