@@ -178,6 +178,19 @@ __global__ void __launch_bounds__(kSortThreads)
   }
 }
 
+// Pair i's chunk c of X, widened.
+template <int N>
+__device__ __forceinline__ void load_x_chunk(const __nv_bfloat16* const (&x_rows)[N], int i, int c,
+                                             float (&xf)[kChunk]) {
+  bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x_rows[i]) + c), xf);
+}
+
+// acc += <wf, xf>, in element order.
+__device__ __forceinline__ void fma_chunk(const float (&wf)[kChunk], const float (&xf)[kChunk], float& acc) {
+#pragma unroll
+  for (int t = 0; t < kChunk; ++t) acc = fmaf(wf[t], xf[t], acc);
+}
+
 // acc[i] summed over the warp (a butterfly: every lane gets the sums).
 template <int N>
 __device__ __forceinline__ void warp_sum_all(float (&acc)[N]) {
@@ -217,13 +230,12 @@ __device__ __forceinline__ void warp_dots(const __nv_bfloat16* const (&x_rows)[N
         for (int i = 0; i < N; ++i) {
           if (i >= n) break;
           float xf[kChunk];
-          bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x_rows[i]) + c), xf);
+          load_x_chunk(x_rows, i, c, xf);
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             float wf[kChunk];
             bf16x8_to_float(w[r][b], wf);
-#pragma unroll
-            for (int t = 0; t < kChunk; ++t) acc[r][i] = fmaf(wf[t], xf[t], acc[r][i]);
+            fma_chunk(wf, xf, acc[r][i]);
           }
         }
       }
@@ -243,9 +255,8 @@ __device__ __forceinline__ void warp_dots(const __nv_bfloat16* const (&x_rows)[N
         for (int i = 0; i < N; ++i) {
           if (i >= n) break;
           float xf[kChunk];
-          bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x_rows[i]) + c), xf);
-#pragma unroll
-          for (int t = 0; t < kChunk; ++t) acc[r][i] = fmaf(wf[t], xf[t], acc[r][i]);
+          load_x_chunk(x_rows, i, c, xf);
+          fma_chunk(wf, xf, acc[r][i]);
         }
       }
       warp_sum_all(acc[r]);
