@@ -6,7 +6,7 @@
 # build (TESTS=0 skips; SANITIZE=1 adds memcheck; ATTENTION=1 the decode attention tests), `fp4kv bench gemm` at batch 1-8 and `fp4kv bench step` alternated
 # base/new REPS times (default 3), and bench/compare_step.py's median ratios. To $OUT:
 # step_ab.md, step_ab_logs.tgz.
-#   REPS=3 [TPOT_CONTEXTS=262144] [GENERATE=1] bash bench/device_step_ab.sh
+#   REPS=3 [MODEL=qwen3-30b-a3b:random] [TPOT_CONTEXTS=262144] [GENERATE=1] bash bench/device_step_ab.sh
 set -o pipefail
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 NEW=$PWD; BASE=/tmp/ab-base-src; REPS=${REPS:-3}
@@ -39,8 +39,9 @@ if [ "${ATTENTION:-0}" = 1 ]; then  # the decode attention tests (after a change
   (timeout 200 $B/tests/attention/fp4kv_attention_tests > /tmp/ab-logs/attention_tests.log 2>&1); echo "attention tests rc=$?"
   tail -1 /tmp/ab-logs/attention_tests.log
 fi
-GEMM_ARGS="bench gemm --model qwen3-4b:random --batches ${GEMM_BATCHES:-1,4,8}"
-STEP_ARGS="bench step --model qwen3-4b:random --presets ${STEP_PRESETS:-bf16,nvfp4} --contexts ${STEP_CONTEXTS:-4096,32768} --batches ${STEP_BATCHES:-1,8} --runs 20"
+MODEL=${MODEL:-qwen3-4b:random}  # every benchmark below runs this model shape
+GEMM_ARGS="bench gemm --model $MODEL --batches ${GEMM_BATCHES:-1,4,8}"
+STEP_ARGS="bench step --model $MODEL --presets ${STEP_PRESETS:-bf16,nvfp4} --contexts ${STEP_CONTEXTS:-4096,32768} --batches ${STEP_BATCHES:-1,8} --runs 20"
 for rep in $(seq 1 "$REPS"); do
   for side in base new; do
     timeout 150 /tmp/ab-build-$side/bin/fp4kv $GEMM_ARGS --json /tmp/ab-logs/gemm_${side}_$rep.json > /tmp/ab-logs/gemm_${side}_$rep.log 2>&1
@@ -51,14 +52,14 @@ for rep in $(seq 1 "$REPS"); do
 done
 if [ -n "$TPOT_CONTEXTS" ]; then  # bench e2e's TPOT (bf16 and nvfp4, batch 1), once per side
   for side in base new; do
-    timeout 240 /tmp/ab-build-$side/bin/fp4kv bench e2e --model qwen3-4b:random --parts tpot --presets bf16,nvfp4 \
+    timeout 240 /tmp/ab-build-$side/bin/fp4kv bench e2e --model $MODEL --parts tpot --presets bf16,nvfp4 \
       --tpot-contexts "$TPOT_CONTEXTS" --tpot-batches 1 --json /tmp/ab-logs/tpot_$side.json > /tmp/ab-logs/tpot_$side.log 2>&1
     echo "tpot $side rc=$?"; grep -E "^\| (bf16|nvfp4) " /tmp/ab-logs/tpot_$side.log
   done
 fi
 if [ -n "$GENERATE" ]; then  # fp4kv generate's default path (untuned plans): its time per output token, per side
   for rep in 1 2; do for side in base new; do
-    echo "generate $side: $(timeout 120 /tmp/ab-build-$side/bin/fp4kv generate --model qwen3-4b:random --prompt 'The cat sat on the' \
+    echo "generate $side: $(timeout 120 /tmp/ab-build-$side/bin/fp4kv generate --model $MODEL --prompt 'The cat sat on the' \
       --max-tokens 128 --seed 1 2>&1 >/dev/null | grep -iE 'per output token|tokens/s' | tr '\n' ' ')"
   done; done
 fi
