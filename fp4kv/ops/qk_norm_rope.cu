@@ -63,22 +63,22 @@ struct PairConstants {
 };
 
 __device__ __forceinline__ void load_pair_constants(const __nv_bfloat16* weight, const __nv_bfloat16* cos_row,
-                                                    const __nv_bfloat16* sin_row, int head_dim, PairConstants& k) {
+                                                    const __nv_bfloat16* sin_row, int head_dim, PairConstants& pc) {
   const int lane = threadIdx.x % 32, half = head_dim / 2;
-  k.rotate = cos_row != nullptr;
+  pc.rotate = cos_row != nullptr;
 #pragma unroll
   for (int p = 0; p < kMaxPairsPerLane; ++p) {
     const int i = lane + 32 * p;
-    if (i >= half || !k.rotate) continue;
-    k.w1[p] = __bfloat162float(weight[i]);
-    k.w2[p] = __bfloat162float(weight[i + half]);
-    k.c[p] = __bfloat162float(cos_row[i]);
-    k.sn[p] = __bfloat162float(sin_row[i]);
+    if (i >= half || !pc.rotate) continue;
+    pc.w1[p] = __bfloat162float(weight[i]);
+    pc.w2[p] = __bfloat162float(weight[i + half]);
+    pc.c[p] = __bfloat162float(cos_row[i]);
+    pc.sn[p] = __bfloat162float(sin_row[i]);
   }
 }
 
 // Normalizes and rotates one head x[head_dim] into `out`.
-__device__ void norm_rope_head(const __nv_bfloat16* x, const PairConstants& k, const HeadOut& out, int head_dim,
+__device__ void norm_rope_head(const __nv_bfloat16* x, const PairConstants& pc, const HeadOut& out, int head_dim,
                                float eps) {
   const int lane = threadIdx.x % 32, half = head_dim / 2;
   float xs[kMaxPerLane];
@@ -87,7 +87,7 @@ __device__ void norm_rope_head(const __nv_bfloat16* x, const PairConstants& k, c
 #pragma unroll
   for (int p = 0; p < kMaxPairsPerLane; ++p) {
     const int i = lane + 32 * p;
-    if (i >= half || !k.rotate) continue;
+    if (i >= half || !pc.rotate) continue;
     x2[p] = __bfloat162float(x[i + half]);
   }
   float ss = 0.0f;
@@ -100,15 +100,15 @@ __device__ void norm_rope_head(const __nv_bfloat16* x, const PairConstants& k, c
   for (int p = 0; p < kMaxPairsPerLane; ++p) {
     const int i = lane + 32 * p;
     if (i >= half) continue;
-    if (!k.rotate) {
+    if (!pc.rotate) {
       store(out, i, 0.0f);
       store(out, i + half, 0.0f);
       continue;
     }
-    const float n1 = bf16_round(__fmul_rn(k.w1[p], bf16_round(__fmul_rn(xs[p], r))));
-    const float n2 = bf16_round(__fmul_rn(k.w2[p], bf16_round(__fmul_rn(x2[p], r))));
-    store(out, i, bf16_round(__fsub_rn(bf16_round(__fmul_rn(n1, k.c[p])), bf16_round(__fmul_rn(n2, k.sn[p])))));
-    store(out, i + half, bf16_round(__fadd_rn(bf16_round(__fmul_rn(n2, k.c[p])), bf16_round(__fmul_rn(n1, k.sn[p])))));
+    const float n1 = bf16_round(__fmul_rn(pc.w1[p], bf16_round(__fmul_rn(xs[p], r))));
+    const float n2 = bf16_round(__fmul_rn(pc.w2[p], bf16_round(__fmul_rn(x2[p], r))));
+    store(out, i, bf16_round(__fsub_rn(bf16_round(__fmul_rn(n1, pc.c[p])), bf16_round(__fmul_rn(n2, pc.sn[p])))));
+    store(out, i + half, bf16_round(__fadd_rn(bf16_round(__fmul_rn(n2, pc.c[p])), bf16_round(__fmul_rn(n1, pc.sn[p])))));
   }
 }
 
@@ -136,15 +136,14 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRope
   const bool has_job = job < int64_t(a.tokens) * heads;
   const int t = has_job ? int(job / heads) : 0, j = has_job ? int(job % heads) : 0, d = a.head_dim;
   const bool is_q = j < a.q_heads, is_v = j >= a.q_heads + a.kv_heads;
-  int pos = 0;
-  bool valid = false;
-  PairConstants k;
+  bool valid = false;  // the position indexes the RoPE table
+  PairConstants pc;
   if (has_job && !is_v) {
-    pos = a.positions[t];
+    const int pos = a.positions[t];
     valid = pos >= 0 && pos < a.rope_positions;
     const size_t rope_row = size_t(valid ? pos : 0) * (d / 2);
     load_pair_constants(is_q ? a.q_norm : a.k_norm, valid ? a.rope_cos + rope_row : nullptr,
-                        valid ? a.rope_sin + rope_row : nullptr, d, k);
+                        valid ? a.rope_sin + rope_row : nullptr, d, pc);
   }
   cache::wait_for_producer();  // launched as a programmatic dependent of the QKV GEMM
   if (!has_job) return;
@@ -162,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRope
     out.f32 = a.k + row;
     out.bf16 = a.k_bf16 ? a.k_bf16 + row : nullptr;
   }
-  norm_rope_head(x, k, out, d, a.eps);
+  norm_rope_head(x, pc, out, d, a.eps);
 }
 
 }  // namespace

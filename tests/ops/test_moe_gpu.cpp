@@ -95,6 +95,32 @@ struct BlockCase {
   int rows, experts, top_k, hidden, intermediate;
 };
 
+// act and out of the expert kernels on the GPU: the c.rows rows of x routed as `route`, with
+// only the `held` experts' weights (a tensor-parallel rank's).
+struct BlockOutput {
+  std::vector<uint16_t> act, out;
+};
+BlockOutput run_block(const BlockCase& c, const MoeRouteReference& route, const std::vector<uint16_t>& x,
+                      const DeviceBuffer<uint16_t>& d_gate_up, const DeviceBuffer<uint16_t>& d_down,
+                      ExpertRange held = {}) {
+  const int first = held.first, count = held.count == 0 ? c.experts : held.count;
+  DeviceBuffer<uint16_t> d_x(x);
+  DeviceBuffer<int32_t> d_experts(route.experts);
+  DeviceBuffer<float> d_weights(route.weights);
+  DeviceBuffer<uint16_t> d_act(size_t(c.rows) * c.top_k * c.intermediate), d_out(size_t(c.rows) * c.hidden);
+  DeviceBuffer<uint8_t> scratch(moe_workspace_bytes(c.rows, c.top_k, c.hidden, count));
+  const MoeWorkspace ws = moe_workspace(scratch.get(), c.rows, c.top_k, count);
+  const __nv_bfloat16* held_gate_up = as_bf16(d_gate_up) + size_t(first) * 2 * c.intermediate * c.hidden;
+  const __nv_bfloat16* held_down = as_bf16(d_down) + size_t(first) * c.hidden * c.intermediate;
+  moe_experts({as_bf16(d_x), held_gate_up, d_experts.get(), as_bf16(d_act), c.rows, c.top_k, count, c.hidden,
+               c.intermediate, first},
+              ws, nullptr);
+  moe_combine({as_bf16(d_act), held_down, d_experts.get(), d_weights.get(), as_bf16(d_out), c.rows, c.top_k, count,
+               c.hidden, c.intermediate, first},
+              ws, nullptr);
+  return {d_act.download(), d_out.download()};
+}
+
 // Routes random logits with the twin (the route test covers the kernel), then runs the expert
 // kernels and checks act and out against the twins within the bounds of the file comment.
 // With a `held` range the kernels get only those experts' weights (a tensor-parallel rank's).
@@ -111,21 +137,8 @@ void check_block(const BlockCase& c, uint32_t seed, ExpertRange held = {}) {
                                    1.0f / std::sqrt(float(c.hidden)), seed + 2);
   const auto down = random_bf16(size_t(c.experts) * c.hidden * c.intermediate, 0.0f,
                                 1.0f / std::sqrt(float(c.intermediate)), seed + 3);
-  DeviceBuffer<uint16_t> d_x(x), d_gate_up(gate_up), d_down(down);
-  DeviceBuffer<int32_t> d_experts(route.experts);
-  DeviceBuffer<float> d_weights(route.weights);
-  DeviceBuffer<uint16_t> d_act(size_t(c.rows) * c.top_k * c.intermediate), d_out(size_t(c.rows) * c.hidden);
-  DeviceBuffer<uint8_t> scratch(moe_workspace_bytes(c.rows, c.top_k, c.hidden, count));
-  const MoeWorkspace ws = moe_workspace(scratch.get(), c.rows, c.top_k, count);
-  const __nv_bfloat16* held_gate_up = as_bf16(d_gate_up) + size_t(first) * 2 * c.intermediate * c.hidden;
-  const __nv_bfloat16* held_down = as_bf16(d_down) + size_t(first) * c.hidden * c.intermediate;
-  moe_experts({as_bf16(d_x), held_gate_up, d_experts.get(), as_bf16(d_act), c.rows, c.top_k, count, c.hidden,
-               c.intermediate, first},
-              ws, nullptr);
-  moe_combine({as_bf16(d_act), held_down, d_experts.get(), d_weights.get(), as_bf16(d_out), c.rows, c.top_k, count,
-               c.hidden, c.intermediate, first},
-              ws, nullptr);
-  const std::vector<uint16_t> act = d_act.download(), out = d_out.download();
+  const DeviceBuffer<uint16_t> d_gate_up(gate_up), d_down(down);
+  const auto [act, out] = run_block(c, route, x, d_gate_up, d_down, held);
 
   const size_t expert_elements = size_t(2) * c.intermediate * c.hidden;  // of gate_up; down has half
   const std::vector<uint16_t> held_gate_up_bits(gate_up.begin() + long(first * expert_elements),
@@ -179,29 +192,6 @@ TEST(MoeGpu, ExpertsAndCombineMatchTwins) {
   }
 }
 
-// act and out of `rows` rows (the first `rows` of x) routed by the twin over `logits`.
-struct BlockOutput {
-  std::vector<uint16_t> act, out;
-};
-BlockOutput run_block(const BlockCase& c, int rows, const std::vector<uint16_t>& logits,
-                      const std::vector<uint16_t>& x, const DeviceBuffer<uint16_t>& d_gate_up,
-                      const DeviceBuffer<uint16_t>& d_down) {
-  const MoeRouteReference route = ref_moe_route(logits, rows, c.experts, c.top_k, true);
-  DeviceBuffer<uint16_t> d_x(std::vector<uint16_t>(x.begin(), x.begin() + long(rows) * c.hidden));
-  DeviceBuffer<int32_t> d_experts(route.experts);
-  DeviceBuffer<float> d_weights(route.weights);
-  DeviceBuffer<uint16_t> d_act(size_t(rows) * c.top_k * c.intermediate), d_out(size_t(rows) * c.hidden);
-  DeviceBuffer<uint8_t> scratch(moe_workspace_bytes(rows, c.top_k, c.hidden, c.experts));
-  const MoeWorkspace ws = moe_workspace(scratch.get(), rows, c.top_k, c.experts);
-  moe_experts({as_bf16(d_x), as_bf16(d_gate_up), d_experts.get(), as_bf16(d_act), rows, c.top_k, c.experts, c.hidden,
-               c.intermediate, 0},
-              ws, nullptr);
-  moe_combine({as_bf16(d_act), as_bf16(d_down), d_experts.get(), d_weights.get(), as_bf16(d_out), rows, c.top_k,
-               c.experts, c.hidden, c.intermediate, 0},
-              ws, nullptr);
-  return {d_act.download(), d_out.download()};
-}
-
 // One row takes the latency form of the kernels, several rows the throughput form (moe.cu):
 // a row's act and out must be the same bits alone and inside a batch, whichever pairs share
 // its experts there.
@@ -210,12 +200,15 @@ TEST(MoeGpu, OneRowMatchesTheSameRowInABatch) {
   const BlockCase c{6, 8, 4, 1024, 256};  // 6 rows x 4 of 8 experts: the experts are shared
   const auto logits = random_bf16(size_t(c.rows) * c.experts, 0.0f, 2.0f, 900);
   const auto x = random_bf16(size_t(c.rows) * c.hidden, 0.0f, 1.0f, 901);
-  DeviceBuffer<uint16_t> d_gate_up(random_bf16(size_t(c.experts) * 2 * c.intermediate * c.hidden, 0.0f,
-                                               1.0f / std::sqrt(float(c.hidden)), 902));
-  DeviceBuffer<uint16_t> d_down(random_bf16(size_t(c.experts) * c.hidden * c.intermediate, 0.0f,
-                                            1.0f / std::sqrt(float(c.intermediate)), 903));
-  const BlockOutput batch = run_block(c, c.rows, logits, x, d_gate_up, d_down);
-  const BlockOutput alone = run_block(c, 1, logits, x, d_gate_up, d_down);
+  const DeviceBuffer<uint16_t> d_gate_up(random_bf16(size_t(c.experts) * 2 * c.intermediate * c.hidden, 0.0f,
+                                                     1.0f / std::sqrt(float(c.hidden)), 902));
+  const DeviceBuffer<uint16_t> d_down(random_bf16(size_t(c.experts) * c.hidden * c.intermediate, 0.0f,
+                                                  1.0f / std::sqrt(float(c.intermediate)), 903));
+  const BlockOutput batch = run_block(c, ref_moe_route(logits, c.rows, c.experts, c.top_k, true), x, d_gate_up, d_down);
+  BlockCase one = c;
+  one.rows = 1;  // the batch's first row
+  const std::vector<uint16_t> x0(x.begin(), x.begin() + c.hidden);
+  const BlockOutput alone = run_block(one, ref_moe_route(logits, 1, c.experts, c.top_k, true), x0, d_gate_up, d_down);
   for (size_t i = 0; i < alone.act.size(); ++i) ASSERT_EQ(alone.act[i], batch.act[i]) << "act " << i;
   for (size_t i = 0; i < alone.out.size(); ++i) ASSERT_EQ(alone.out[i], batch.out[i]) << "out " << i;
 }
