@@ -20,6 +20,7 @@
 #include "fp4kv/model/qwen3.h"
 #include "tools/commands.h"
 #include "tools/device_choice.h"
+#include "tools/gemm_plans_arg.h"
 #include "tools/tensor_parallel_arg.h"
 #ifdef FP4KV_HAVE_CUDA
 #include "fp4kv/engine/gpu_generator.h"
@@ -69,10 +70,6 @@ void print_stats(const char* device, const Recipe& recipe, const engine::Generat
                s.stopped_at_eos ? " (EOS)" : "", 1e3 * s.seconds_per_token(), s.tokens_per_second());
 }
 
-void check_gemm_plans(const std::string& s) {
-  require(s == "gemv" || s == "heuristic" || s == "tuned", "--gemm-plans: '" + s + "' is none of gemv, heuristic, tuned");
-}
-
 int generate_on_cpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>& prompt) {
   require(a.model.find(":random") == std::string::npos,
           "--model " + a.model + ": random-weight models run on the GPU only (--device cuda)");
@@ -108,9 +105,7 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
   spec.options.max_batch = 1;
   spec.options.max_context = int(prompt.size()) + a.options.max_tokens;
   spec.options.prefill_chunk = engine::prefill_chunk_for(config, a.prefill_chunk);  // the tensor-core prefill
-  spec.options.gemm_plans = a.gemm_plans == "tuned"       ? engine::GemmPlans::tuned
-                            : a.gemm_plans == "heuristic" ? engine::GemmPlans::heuristic
-                                                          : engine::GemmPlans::gemv;
+  spec.options.gemm_plans = gemm_plans_of(a.gemm_plans);
   const engine::LoadedStepModel gpu = engine::load_step_model(spec, a.tensor_parallel);
   const engine::GenerateStats s = engine::generate_on_gpu(*gpu.model, prompt, a.options, print_token);
   const std::string device =

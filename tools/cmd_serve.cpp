@@ -20,6 +20,7 @@
 #include "fp4kv/serve/server.h"
 #include "tools/commands.h"
 #include "tools/device_choice.h"
+#include "tools/gemm_plans_arg.h"
 #include "tools/tensor_parallel_arg.h"
 #ifdef FP4KV_HAVE_CUDA
 #include "fp4kv/serve/gpu_serving.h"
@@ -40,6 +41,9 @@ struct ServeArgs {
   double gpu_memory_utilization = 0.9;
   int tensor_parallel = 1;
   int prefill_chunk = engine::kServingPrefillChunk;
+  // The GPU decode step's GEMM plans: cuBLASLt's heuristic by default (the same bits on every
+  // run; our GEMV, the fastest at one row, is 2x slower at 8).
+  std::string gemm_plans = "heuristic";
 };
 
 // SIGINT and SIGTERM write one byte to a pipe (the only async-signal-safe work); a thread
@@ -84,7 +88,8 @@ Served load_engine(const ServeArgs& a, bool gpu, Loaded& loaded) {
 #ifdef FP4KV_HAVE_CUDA
   if (gpu) {
     serve::GpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, a.kv_memory_mib * kMiB,
-                               a.gpu_memory_utilization, a.prefill_chunk, a.tensor_parallel};
+                               a.gpu_memory_utilization, a.prefill_chunk, a.tensor_parallel,
+                               gemm_plans_of(a.gemm_plans)};
     serve::GpuServing& s = loaded.gpu.emplace(serve::load_gpu_serving(setup));
     const std::string device =
         a.tensor_parallel > 1 ? "cuda (" + std::to_string(a.tensor_parallel) + " GPUs, tensor parallel; KV capacity per GPU)" : "cuda";
@@ -124,6 +129,7 @@ int run_serve(ServeArgs& a) {
   require(a.max_batch >= 1, "--max-batch must be >= 1, got " + std::to_string(a.max_batch));
   require(a.kv_memory_mib >= 0, "--kv-memory-mib must be >= 0, got " + std::to_string(a.kv_memory_mib));
   require(a.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got " + std::to_string(a.prefill_chunk));
+  check_gemm_plans(a.gemm_plans);
   (void)parse_recipe(a.kv);  // a bad --kv fails before the port is taken
   a.server.http_threads = std::max(a.server.http_threads, 2 * a.max_batch);  // streams hold a thread each
   install_shutdown_signals();
@@ -179,6 +185,11 @@ Action add_serve(CLI::App& app) {
   sub->add_option("--prefill-chunk", a->prefill_chunk,
                   "prompt tokens a request feeds per step at most, also the step's token budget (decodes included): "
                   "larger reads long prompts faster, smaller delays running decodes less")
+      ->capture_default_str();
+  sub->add_option("--gemm-plans", a->gemm_plans,
+                  "the GPU decode step's GEMMs: heuristic (cuBLASLt's first choice: the same bits every run), "
+                  "tuned (the fastest candidate, timed at start: what `bench e2e` measures; the last bits may differ "
+                  "between runs), gemv (ours up to 8 rows: the fastest at one row, 2x slower at 8)")
       ->capture_default_str();
   sub->add_option("--api-key", a->server.api_key, "require `Authorization: Bearer KEY` on /v1/*");
   return [a] { return run_serve(*a); };

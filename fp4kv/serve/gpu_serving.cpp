@@ -34,6 +34,7 @@ GpuServing load_gpu_serving(const GpuServeSetup& setup) {
   spec.options.max_batch = setup.max_batch;  // max_context: the model's; slots: one per running request
   spec.options.num_blocks = s.capacity.blocks;
   spec.options.prefill_chunk = engine::prefill_chunk_for(c, setup.prefill_chunk);  // the scheduler's chunks
+  spec.options.gemm_plans = setup.gemm_plans;
   s.model = engine::load_step_model(spec, ranks);
   s.model.model->prepare_steps(setup.max_batch);  // no step graph captured while serving
   s.limits.context = std::min(s.limits.context, s.model.model->options().max_context);

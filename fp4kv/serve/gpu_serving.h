@@ -33,6 +33,7 @@ struct GpuServeSetup {
   double gpu_memory_utilization = 0.9;  // of the device's total memory, weights included
   int prefill_chunk = engine::kServingPrefillChunk;  // and the step's token budget
   int tensor_parallel = 1;              // GPUs the model is split over
+  engine::GemmPlans gemm_plans = engine::GemmPlans::heuristic;  // the decode step's GEMMs
 };
 
 struct GpuServing {

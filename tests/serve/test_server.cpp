@@ -15,8 +15,10 @@
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "fp4kv/engine/cpu_generator.h"
 #include "fp4kv/eval/model_attention.h"
@@ -419,7 +421,15 @@ TEST(Server, AnswersLoadingUntilAnEngineIsAttached) {
   EXPECT_FALSE(closed.attach(*serving->engine, serving->codec, serving->limits));
 }
 
-TEST(ServeCli, ServesAndExitsZeroOnSigterm) {
+// Runs `fp4kv serve --model pk8l --port 0 EXTRA...`, waits for its "listening" line, asks for
+// /health and a completion, then ends it with SIGTERM: it must exit 0.
+void serve_complete_and_stop(const std::vector<std::string>& extra) {
+  const std::string model = std::string(FP4KV_SOURCE_DIR) + "/models/pk8l";
+  std::vector<std::string> args = {FP4KV_CLI, "serve", "--model", model, "--port", "0"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   int out[2];
   ASSERT_EQ(pipe(out), 0);
   const pid_t pid = fork();
@@ -427,8 +437,7 @@ TEST(ServeCli, ServesAndExitsZeroOnSigterm) {
   if (pid == 0) {
     dup2(out[1], 1);
     close(out[0]);
-    const std::string model = std::string(FP4KV_SOURCE_DIR) + "/models/pk8l";
-    execl(FP4KV_CLI, FP4KV_CLI, "serve", "--model", model.c_str(), "--port", "0", (char*)nullptr);
+    execv(FP4KV_CLI, argv.data());
     _exit(127);
   }
   close(out[1]);
@@ -470,12 +479,24 @@ TEST(ServeCli, ServesAndExitsZeroOnSigterm) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
-// --device cuda is the GPU engine or a clear error, never a silent CPU server: with a bad
-// recipe the command ends at once either way (no device: the device message; a device: the
-// recipe's).
-// Runs `fp4kv serve ARGS` to its end: the exit code and what it printed (both streams).
+TEST(ServeCli, ServesAndExitsZeroOnSigterm) { serve_complete_and_stop({}); }
+
+// Every GEMM plan serves (on a CUDA machine the GPU engine times its candidates at start with
+// `tuned`; the CPU engine has no GEMM plans and ignores the option).
+TEST(ServeCli, ServesWithEachGemmPlan) {
+  for (const char* plans : {"tuned", "gemv"}) {
+    SCOPED_TRACE(plans);
+    serve_complete_and_stop({"--gemm-plans", plans});
+  }
+}
+
+// Runs `fp4kv serve ARGS` to its end: the exit code and what it printed (both streams). A
+// command that wrongly starts serving is stopped after kServeExitSeconds and reads as exit
+// code 124 (coreutils timeout), a failure rather than a hung test.
+constexpr int kServeExitSeconds = 120;
 std::pair<int, std::string> serve_to_exit(const std::string& args) {
-  const std::string cmd = std::string(FP4KV_CLI) + " serve " + args + " 2>&1";
+  const std::string cmd =
+      "timeout " + std::to_string(kServeExitSeconds) + " " + std::string(FP4KV_CLI) + " serve " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return {-1, "popen failed"};
   std::string out;
@@ -492,6 +513,16 @@ TEST(ServeCli, PrefillChunkBelowOneIsAClearError) {
   EXPECT_NE(out.find("--prefill-chunk must be >= 1"), std::string::npos) << out;
 }
 
+// So does a --gemm-plans that names no plan, on every machine.
+TEST(ServeCli, UnknownGemmPlansIsAClearError) {
+  const auto [code, out] = serve_to_exit("--device cpu --port 0 --gemm-plans fast");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("--gemm-plans: 'fast' is none of gemv, heuristic, tuned"), std::string::npos) << out;
+}
+
+// --device cuda is the GPU engine or a clear error, never a silent CPU server: with a bad
+// recipe the command ends at once either way (no device: the device message; a device: the
+// recipe's).
 TEST(ServeCli, DeviceCudaIsTheGpuOrAClearError) {
   const auto [code, out] = serve_to_exit("--device cuda --kv fp32 --port 0");
   EXPECT_EQ(code, 2);
