@@ -150,10 +150,7 @@ Action add_generate(CLI::App& app) {
   sub->add_option("--tensor-parallel", a->tensor_parallel, "GPUs to split the model over (NCCL)")->capture_default_str();
   sub->add_option("--prefill-chunk", a->prefill_chunk, "prompt tokens per prefill chunk on the GPU (as fp4kv serve's)")
       ->capture_default_str();
-  sub->add_option("--gemm-plans", a->gemm_plans,
-                  "the GPU decode step's GEMMs: gemv (ours, the fastest at batch 1), heuristic (cuBLASLt's first "
-                  "choice, as fp4kv serve), tuned (timed at start)")
-      ->capture_default_str();
+  sub->add_option("--gemm-plans", a->gemm_plans, kGemmPlansHelp)->capture_default_str();
   return [a, prompt] {
     a->prompt_given = prompt->count() > 0;
     return run_generate(*a);

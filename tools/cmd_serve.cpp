@@ -186,11 +186,7 @@ Action add_serve(CLI::App& app) {
                   "prompt tokens a request feeds per step at most, also the step's token budget (decodes included): "
                   "larger reads long prompts faster, smaller delays running decodes less")
       ->capture_default_str();
-  sub->add_option("--gemm-plans", a->gemm_plans,
-                  "the GPU decode step's GEMMs: heuristic (cuBLASLt's first choice: the same bits every run), "
-                  "tuned (the fastest candidate, timed at start: what `bench e2e` measures; the last bits may differ "
-                  "between runs), gemv (ours up to 8 rows: the fastest at one row, 2x slower at 8)")
-      ->capture_default_str();
+  sub->add_option("--gemm-plans", a->gemm_plans, kGemmPlansHelp)->capture_default_str();
   sub->add_option("--api-key", a->server.api_key, "require `Authorization: Bearer KEY` on /v1/*");
   return [a] { return run_serve(*a); };
 }

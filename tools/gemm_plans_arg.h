@@ -12,6 +12,12 @@
 
 namespace fp4kv::cli {
 
+// The option's help, the same for every command that takes it.
+inline constexpr const char* kGemmPlansHelp =
+    "the GPU decode step's GEMMs: heuristic (cuBLASLt's first choice: the same bits every run), tuned (the "
+    "fastest candidate, timed at start: what `bench e2e` measures; the last bits may differ between runs), gemv "
+    "(ours up to 8 rows: the fastest at one row, 2x slower at 8)";
+
 inline void check_gemm_plans(const std::string& s) {
   require(s == "gemv" || s == "heuristic" || s == "tuned", "--gemm-plans: '" + s + "' is none of gemv, heuristic, tuned");
 }
