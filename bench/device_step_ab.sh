@@ -3,7 +3,8 @@
 # cpp-httplib there: the CLI without `serve`, enough for the benchmarks). The new tree is this
 # checkout; the base is it with PATCH reversed (PATCH=.devbin/ab.patch, from `git diff BASE >
 # .devbin/ab.patch` here; carry .devbin). Then: the ops and engine GPU tests of the new
-# build (TESTS=0 skips; SANITIZE=1 adds memcheck, and racecheck of the MoE block; ATTENTION=1 the decode attention tests), `fp4kv bench gemm` at batch 1-8 and `fp4kv bench step` alternated
+# build (TESTS=0 skips; SANITIZE=1 adds memcheck, and racecheck of the MoE block; ATTENTION=1 the decode attention tests;
+# CACHE=1 the cache tests), `fp4kv bench gemm` at batch 1-8 (GEMM=0 skips) and `fp4kv bench step` alternated
 # base/new REPS times (default 3), and bench/compare_step.py's median ratios. To $OUT:
 # step_ab.md, step_ab_logs.tgz.
 #   REPS=3 [MODEL=qwen3-30b-a3b:random] [TPOT_CONTEXTS=262144] [GENERATE=1] bash bench/device_step_ab.sh
@@ -11,7 +12,7 @@ set -o pipefail
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 NEW=$PWD; BASE=/tmp/ab-base-src; REPS=${REPS:-3}
 rm -rf $BASE && cp -r "$NEW" $BASE && (cd $BASE && patch -s -R -p1 < "$NEW/${PATCH:-.devbin/ab.patch}") || exit 1
-TARGETS="fp4kv fp4kv_ops_gpu_tests fp4kv_engine_gpu_tests fp4kv_attention_tests fp4kv_attention_prefill_tests"
+TARGETS="fp4kv fp4kv_ops_gpu_tests fp4kv_engine_gpu_tests fp4kv_attention_tests fp4kv_attention_prefill_tests fp4kv_cache_tests"
 for side in new base; do
   SRC=$([ $side = new ] && echo "$NEW" || echo $BASE)
   (cmake -S "$SRC" -B /tmp/ab-build-$side -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4KV_PTXAS_VERBOSE=ON > /tmp/cfg-$side.log 2>&1 \
@@ -37,6 +38,12 @@ if [ "${SANITIZE:-0}" = 1 ]; then  # memcheck of the GEMV, the norms, the MoE bl
   (timeout 120 compute-sanitizer --tool racecheck $B/tests/ops/fp4kv_ops_gpu_tests --gtest_filter='MoeGpu.*' \
     2>&1 | grep -E "RACECHECK SUMMARY|PASSED|FAILED" | tail -3)
 fi
+if [ "${CACHE:-0}" = 1 ]; then  # the cache GPU tests (after a change to the control kernel or the planner), memcheck of the control kernel's
+  (timeout 200 $B/tests/cache/fp4kv_cache_tests > /tmp/ab-logs/cache_tests.log 2>&1); echo "cache tests rc=$?"
+  tail -1 /tmp/ab-logs/cache_tests.log; grep -E "^\[  FAILED|Failure" /tmp/ab-logs/cache_tests.log | head -5
+  (timeout 120 compute-sanitizer --tool memcheck $B/tests/cache/fp4kv_cache_tests --gtest_filter='ControlKernel.*' \
+    2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tail -3)
+fi
 if [ "${ATTENTION:-0}" = 1 ]; then  # the decode attention tests (after a change to the decode or combine kernels)
   (timeout 200 $B/tests/attention/fp4kv_attention_tests > /tmp/ab-logs/attention_tests.log 2>&1); echo "attention tests rc=$?"
   tail -1 /tmp/ab-logs/attention_tests.log
@@ -46,8 +53,10 @@ GEMM_ARGS="bench gemm --model $MODEL --batches ${GEMM_BATCHES:-1,4,8}"
 STEP_ARGS="bench step --model $MODEL --presets ${STEP_PRESETS:-bf16,nvfp4} --contexts ${STEP_CONTEXTS:-4096,32768} --batches ${STEP_BATCHES:-1,8} --runs 20"
 for rep in $(seq 1 "$REPS"); do
   for side in base new; do
-    timeout 150 /tmp/ab-build-$side/bin/fp4kv $GEMM_ARGS --json /tmp/ab-logs/gemm_${side}_$rep.json > /tmp/ab-logs/gemm_${side}_$rep.log 2>&1
-    echo "gemm $side $rep rc=$?"
+    if [ "${GEMM:-1}" = 1 ]; then
+      timeout 150 /tmp/ab-build-$side/bin/fp4kv $GEMM_ARGS --json /tmp/ab-logs/gemm_${side}_$rep.json > /tmp/ab-logs/gemm_${side}_$rep.log 2>&1
+      echo "gemm $side $rep rc=$?"
+    fi
     timeout 200 /tmp/ab-build-$side/bin/fp4kv $STEP_ARGS --json /tmp/ab-logs/step_${side}_$rep.json > /tmp/ab-logs/step_${side}_$rep.log 2>&1
     echo "step $side $rep rc=$?"
   done

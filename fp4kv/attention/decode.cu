@@ -203,16 +203,9 @@ DecodeAttention& DecodeAttention::operator=(DecodeAttention&& o) noexcept {
 }
 
 int DecodeAttention::split_target_ctas(int batch, int sms) const {
-  const int resident = std::max(1, ctas_per_sm_) * sms;
-  const int rows = std::max(1, batch * geometry_.kv_heads);
-  // Whole splits per (row, head), so no split CTA is left for a second wave. The BF16
-  // sink/recent CTAs (one per row and head) are short: give them slots of their own only
-  // when that costs at most one split in eight.
-  constexpr int kReserveFromSplits = 8;
-  const int extra = uses_slot_buffer(recipe_) ? rows : 0;
-  int s = resident / rows;
-  if (s >= kReserveFromSplits && s * rows + extra > resident) s = (resident - extra) / rows;
-  return std::max(1, s) * rows;
+  const int head_rows = std::max(1, batch * geometry_.kv_heads);
+  return cache::split_target_ctas(std::max(1, ctas_per_sm_) * sms, head_rows,
+                                   cache::slot_row_ctas(recipe_.kv, recipe_.bf16_sink, recipe_.bf16_recent, head_rows));
 }
 
 namespace {

@@ -115,9 +115,9 @@ class DecodeAttention {
 
   // CTAs of the picked decode kernel one SM holds at once (CUDA occupancy; 0 if unknown).
   int ctas_per_sm() const { return ctas_per_sm_; }
-  // A split target for the split planner (cache::SplitPolicy::target_ctas): as many split
-  // CTAs as are resident at once (one wave), a whole number per (row, KV head), less the
-  // BF16 sink/recent CTAs' slots when there are many splits per row (used by `fp4kv bench`).
+  // A split target for the split planner (cache::SplitPolicy::target_ctas):
+  // cache::split_target_ctas over this kernel's resident CTAs (its occupancy x sms), for
+  // `fp4kv bench`; the control kernel uses the same rule over two CTAs per SM.
   int split_target_ctas(int batch, int sms) const;
 
   const DecodeGeometry& geometry() const { return geometry_; }

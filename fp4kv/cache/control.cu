@@ -39,7 +39,7 @@ struct ControlArgs {
   CacheMem mem;
   StepPlan plan;
   StepArgs step;
-  int target_ctas = 0;  // split-KV: split CTAs wanted over the step (split_plan.h)
+  int resident_ctas = 0;  // split-KV: decode CTAs the GPU holds at once (split_plan.h split_target_ctas)
 };
 
 size_t control_smem_bytes(int slots, int max_batch) {
@@ -179,13 +179,15 @@ __global__ void __launch_bounds__(kControlThreads) control_kernel(const ControlA
     if (a.plan.num_rows) *a.plan.num_rows = batch;
   }
 
-  // Split-KV plan (split_plan.h, the same planner as host-filled plans): about target_ctas
-  // split CTAs over the rows with pages, at least min_split_pages pages per split, at most
-  // max_splits per row.
+  // Split-KV plan (split_plan.h, the same planner as host-filled plans): one wave of whole
+  // splits over the rows with pages (the BF16 sink/recent CTAs of a quantized cache given
+  // slots when that is cheap), at least min_split_pages pages per split, at most max_splits
+  // per row.
   SplitPolicy policy;
   policy.head_rows = s_rows_with_pages * a.dims.heads;
   policy.max_splits = a.plan.max_splits;
-  policy.target_ctas = a.target_ctas;
+  const int side_ctas = slot_row_ctas(a.dims.format, a.dims.sink, a.dims.recent, policy.head_rows);
+  policy.target_ctas = split_target_ctas(a.resident_ctas, policy.head_rows, side_ctas);
   policy.min_pages = a.dims.min_split_pages;
   for (int r = tid; r < a.step.max_batch; r += kControlThreads) {
     int slot = -1, pages = 0;
@@ -289,7 +291,7 @@ void launch_control(const CacheDims& dims, const CacheMem& mem, const StepPlan& 
   a.mem = mem;
   a.plan = plan;
   a.step = step;
-  a.target_ctas = kSplitCtasPerSm * num_sms;
+  a.resident_ctas = kSplitCtasPerSm * num_sms;
   const size_t smem = control_smem_bytes(dims.slots, step.max_batch);
   prepare_control_kernel();
   control_kernel<<<1, kControlThreads, smem, stream>>>(a);

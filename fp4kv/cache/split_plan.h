@@ -63,6 +63,27 @@ struct SplitPolicy {
   int forced_pages_per_split = 0;  // > 0: this split size (still capped by max_splits)
 };
 
+// CTAs of a decode grid besides its splits: the BF16 sink/recent CTA of each (row, KV head)
+// when a quantized cache keeps BF16 rows.
+FP4KV_HD int slot_row_ctas(KvFormat format, bool bf16_sink, bool bf16_recent, int head_rows) {
+  return format != KvFormat::bf16 && (bf16_sink || bf16_recent) ? head_rows : 0;
+}
+
+// Split CTAs to aim for over a step whose grid holds `resident_ctas` CTAs at once: as many
+// whole splits per (row, KV head) as fit in one wave, so no split CTA is left for a second
+// wave; `side_ctas` other CTAs of the same grid (the BF16 sink/recent CTAs, one per row and
+// KV head: short) get slots of their own only when that costs at most one split in
+// kReserveFromSplits. Rounding up instead overfills the wave with long split CTAs: 8 rows x
+// 8 KV heads of 32K tokens in 264 slots were 5 splits of 52 pages (320 split CTAs + 64
+// sink/recent), where 4 of 64 (256 + 64) are 7 % faster (docs/PERF.md).
+inline constexpr int kReserveFromSplits = 8;
+FP4KV_HD int split_target_ctas(int resident_ctas, int head_rows, int side_ctas) {
+  const int rows = head_rows > 1 ? head_rows : 1;
+  int s = resident_ctas / rows;
+  if (s >= kReserveFromSplits && s * rows + side_ctas > resident_ctas) s = (resident_ctas - side_ctas) / rows;
+  return (s > 1 ? s : 1) * rows;
+}
+
 struct RowSplit {
   int splits = 0;
   int pages_per_split = 0;

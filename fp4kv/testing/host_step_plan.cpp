@@ -55,7 +55,10 @@ void HostStepPlan::fill(const std::vector<int>& seq_lens, const Recipe& r, int k
   cache::SplitPolicy policy;
   policy.head_rows = rows_with_pages * kv_heads;
   policy.max_splits = plan_.max_splits;
-  policy.target_ctas = target_ctas > 0 ? target_ctas : cache::kSplitCtasPerSm * cache::kDefaultSmCount;
+  const int side_ctas = cache::slot_row_ctas(r.kv, r.bf16_sink, r.bf16_recent, policy.head_rows);
+  policy.target_ctas = target_ctas > 0 ? target_ctas
+                                       : cache::split_target_ctas(cache::kSplitCtasPerSm * cache::kDefaultSmCount,
+                                                                  policy.head_rows, side_ctas);
   policy.min_pages = cache::min_split_pages(r);
   policy.forced_pages_per_split = pages_per_split;
   splits_.assign(batch, 0);

@@ -6,6 +6,8 @@
 #include <memory>
 
 #include "cache_test_util.h"
+#include "fp4kv/cache/split_plan.h"
+#include "fp4kv/cache/step_plan.h"
 #include "fp4kv/core/decode_layout.h"
 
 namespace fp4kv::cache::test {
@@ -212,6 +214,41 @@ TEST(ControlKernel, SplitPlanPagesAndPromotions) {
       const bool promote = quantized && recipe.bf16_recent && n % 128 == 0;
       EXPECT_EQ(plan.row_promote_block[r], promote ? ids[r] + n / 128 - 1 : -1) << spec << " row " << r;
       EXPECT_EQ(plan.row_slot[r], cache.slot_of(ids[r]));
+    }
+  }
+}
+
+// A batch-1 row long enough that one wave of whole splits decides its plan: the control
+// kernel plans it as the host planner does with split_target_ctas (on a 132-SM GPU, 2048
+// pages x 8 heads with capacity for 64 splits: 32 splits of 64 pages, leaving the 8
+// sink/recent CTAs slots of their own, not 33 of 63 and a second wave).
+TEST(ControlKernel, LongRowPlansOneWaveWithTheSinkRecentCtas) {
+  SKIP_WITHOUT_GPU();
+  for (const char* spec : {"nvfp4", "bf16"}) {
+    const Recipe recipe = parse_recipe(spec);
+    const int heads = 8, max_pages = 2056;
+    KvCacheConfig cfg = small_config(1, 1, heads, max_pages, max_pages);
+    cfg.max_splits = 64;
+    KvCache cache(cfg, recipe);
+    StepDriver drv{cache, max_pages};
+    const int n = 2048 * 128 + 5;  // 2048 pages with the nvfp4 recipe
+    ASSERT_EQ(drv.step({0}, {n}), 0) << spec;
+    const auto plan = cache.read_plan();
+    const int pages = attended_pages(n, recipe);
+    SplitPolicy policy;
+    policy.head_rows = heads;
+    policy.max_splits = cfg.max_splits;
+    policy.min_pages = min_split_pages(recipe);
+    policy.target_ctas = split_target_ctas(kSplitCtasPerSm * cache.num_sms(), heads,
+                                           slot_row_ctas(recipe.kv, recipe.bf16_sink, recipe.bf16_recent, heads));
+    const RowSplit want = plan_row_split(pages, policy);
+    EXPECT_EQ(plan.row_pages[0], pages) << spec;
+    EXPECT_EQ(plan.row_splits[0], want.splits) << spec;
+    EXPECT_EQ(plan.row_pages_per_split[0], want.pages_per_split) << spec;
+    if (cache.num_sms() == kDefaultSmCount && recipe.kv == KvFormat::nvfp4) {
+      ASSERT_EQ(pages, 2048);
+      EXPECT_EQ(want.splits, 32) << spec;
+      EXPECT_EQ(want.pages_per_split, 64) << spec;
     }
   }
 }

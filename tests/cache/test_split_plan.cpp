@@ -68,6 +68,29 @@ TEST(SplitPlan, InvariantsAndTheMeasuredPlannerOverManyShapes) {
               }
 }
 
+TEST(SplitPlan, TargetIsOneWaveOfWholeSplitsWithSlotsForTheSinkRecentCtas) {
+  // 2 CTAs on each of 132 SMs.
+  EXPECT_EQ(split_target_ctas(264, 8, 0), 264);   // 33 splits per (row, head)
+  EXPECT_EQ(split_target_ctas(264, 8, 8), 256);   // 32: the 8 sink/recent CTAs fit beside them
+  EXPECT_EQ(split_target_ctas(264, 64, 64), 256);  // 4 per row: fewer than 8, no slots given up
+  EXPECT_EQ(split_target_ctas(264, 96, 96), 192);  // whole splits: 2 per row, not 2.75
+  EXPECT_EQ(split_target_ctas(264, 512, 512), 512);  // at least one split per row
+  EXPECT_EQ(split_target_ctas(264, 0, 0), 264);
+  // The batch-1 rows of 262144 tokens (Qwen3-4B: 8 KV heads): 32 splits of 64 pages.
+  SplitPolicy p;
+  p.head_rows = 8;
+  p.max_splits = 128;
+  p.min_pages = 8;
+  p.target_ctas = split_target_ctas(kSplitCtasPerSm * kDefaultSmCount, 8, 8);
+  const RowSplit s = plan_row_split(2048, p);
+  EXPECT_EQ(s.splits, 32);
+  EXPECT_EQ(s.pages_per_split, 64);
+  EXPECT_EQ(slot_row_ctas(KvFormat::nvfp4, true, true, 8), 8);
+  EXPECT_EQ(slot_row_ctas(KvFormat::fp8, false, true, 8), 8);
+  EXPECT_EQ(slot_row_ctas(KvFormat::nvfp4, false, false, 8), 0);
+  EXPECT_EQ(slot_row_ctas(KvFormat::bf16, true, true, 8), 0);
+}
+
 TEST(SplitPlan, FullGpuMeansOneSplitPerRowUpToTheCap) {
   SplitPolicy p;
   p.head_rows = 512;  // 64 rows x 8 KV heads >= 2 x 132 SMs
