@@ -91,6 +91,28 @@ TEST(SplitPlan, TargetIsOneWaveOfWholeSplitsWithSlotsForTheSinkRecentCtas) {
   EXPECT_EQ(slot_row_ctas(KvFormat::bf16, true, true, 8), 0);
 }
 
+TEST(SplitPlan, TargetInvariantsOverManyShapes) {
+  for (int resident : {1, 132, 264, 396, 528})
+    for (int rows = 1; rows <= 600; rows += rows < 40 ? 1 : 7)
+      for (bool side : {false, true}) {
+        const int side_ctas = side ? rows : 0;
+        const int t = split_target_ctas(resident, rows, side_ctas);
+        const int s = t / rows;
+        SCOPED_TRACE(::testing::Message() << "resident " << resident << " rows " << rows << " side " << side_ctas);
+        ASSERT_EQ(t % rows, 0);  // whole splits per (row, head)
+        ASSERT_GE(s, 1);
+        if (s > 1) ASSERT_LE(t, resident);  // one wave unless a row needs its one split
+        const int whole = resident / rows;  // splits per (row, head) that fill one wave
+        if (whole >= kReserveFromSplits) {
+          // Many splits: the side CTAs (one per row and head) get slots, for one split at most.
+          ASSERT_LE(t + side_ctas, resident);
+          ASSERT_GE(s, whole - 1);
+        } else {
+          ASSERT_EQ(s, std::max(1, whole));  // few splits: none given up
+        }
+      }
+}
+
 TEST(SplitPlan, FullGpuMeansOneSplitPerRowUpToTheCap) {
   SplitPolicy p;
   p.head_rows = 512;  // 64 rows x 8 KV heads >= 2 x 132 SMs
