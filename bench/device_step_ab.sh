@@ -19,7 +19,7 @@ for side in new base; do
     && cmake --build /tmp/ab-build-$side -j16 --target $TARGETS > /tmp/build-$side.log 2>&1)
   echo "build $side rc=$?"; grep -E "error" /tmp/build-$side.log | head -5
 done
-mkdir -p /tmp/ab-logs; cp /tmp/build-new.log /tmp/ab-logs/
+rm -rf /tmp/ab-logs; mkdir -p /tmp/ab-logs; cp /tmp/build-new.log /tmp/ab-logs/  # a warm machine keeps the last call's logs
 mkdir -p /work && ln -sfn "$NEW" /work/main  # the tests find models/pk8l at their compiled-in path
 B=/tmp/ab-build-new
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
