@@ -46,7 +46,7 @@ using cache::attended_pages;
 
 // Whether the recipe reads the BF16 slot buffer (sink and/or recent rows).
 inline bool uses_slot_buffer(const Recipe& r) {
-  return (r.fp4() || r.kv == KvFormat::fp8) && (r.bf16_sink || r.bf16_recent);
+  return cache::has_slot_rows(r.kv, r.bf16_sink, r.bf16_recent);
 }
 
 // The attention shape of a model layer: fixed for the life of a DecodeAttention.

@@ -63,10 +63,16 @@ struct SplitPolicy {
   int forced_pages_per_split = 0;  // > 0: this split size (still capped by max_splits)
 };
 
-// CTAs of a decode grid besides its splits: the BF16 sink/recent CTA of each (row, KV head)
-// when a quantized cache keeps BF16 rows.
+// Whether a cache keeps BF16 sink/recent rows in slots, which a decode step attends through
+// a CTA of their own per (row, KV head): the quantized GPU formats with either switch on.
+FP4KV_HD bool has_slot_rows(KvFormat format, bool bf16_sink, bool bf16_recent) {
+  const bool quantized = format == KvFormat::fp8 || format == KvFormat::nvfp4 || format == KvFormat::mxfp4;
+  return quantized && (bf16_sink || bf16_recent);
+}
+
+// CTAs of a decode grid besides its splits: the sink/recent CTA of each (row, KV head).
 FP4KV_HD int slot_row_ctas(KvFormat format, bool bf16_sink, bool bf16_recent, int head_rows) {
-  return format != KvFormat::bf16 && (bf16_sink || bf16_recent) ? head_rows : 0;
+  return has_slot_rows(format, bf16_sink, bf16_recent) ? head_rows : 0;
 }
 
 // Split CTAs to aim for over a step whose grid holds `resident_ctas` CTAs at once: as many

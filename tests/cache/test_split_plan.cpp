@@ -89,6 +89,8 @@ TEST(SplitPlan, TargetIsOneWaveOfWholeSplitsWithSlotsForTheSinkRecentCtas) {
   EXPECT_EQ(slot_row_ctas(KvFormat::fp8, false, true, 8), 8);
   EXPECT_EQ(slot_row_ctas(KvFormat::nvfp4, false, false, 8), 0);
   EXPECT_EQ(slot_row_ctas(KvFormat::bf16, true, true, 8), 0);
+  EXPECT_FALSE(has_slot_rows(KvFormat::fp32, true, true));  // the CPU oracle: no GPU cache
+  EXPECT_TRUE(has_slot_rows(KvFormat::mxfp4, true, false));
 }
 
 TEST(SplitPlan, TargetInvariantsOverManyShapes) {
