@@ -74,6 +74,9 @@ FP4KV_HD bool has_slot_rows(KvFormat format, bool bf16_sink, bool bf16_recent) {
 FP4KV_HD int slot_row_ctas(KvFormat format, bool bf16_sink, bool bf16_recent, int head_rows) {
   return has_slot_rows(format, bf16_sink, bf16_recent) ? head_rows : 0;
 }
+inline int slot_row_ctas(const Recipe& r, int head_rows) {
+  return slot_row_ctas(r.kv, r.bf16_sink, r.bf16_recent, head_rows);
+}
 
 // Split CTAs to aim for over a step whose grid holds `resident_ctas` CTAs at once: as many
 // whole splits per (row, KV head) as fit in one wave, so no split CTA is left for a second

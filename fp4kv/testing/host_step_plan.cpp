@@ -55,7 +55,7 @@ void HostStepPlan::fill(const std::vector<int>& seq_lens, const Recipe& r, int k
   cache::SplitPolicy policy;
   policy.head_rows = rows_with_pages * kv_heads;
   policy.max_splits = plan_.max_splits;
-  const int side_ctas = cache::slot_row_ctas(r.kv, r.bf16_sink, r.bf16_recent, policy.head_rows);
+  const int side_ctas = cache::slot_row_ctas(r, policy.head_rows);
   policy.target_ctas = target_ctas > 0 ? target_ctas
                                        : cache::split_target_ctas(cache::kSplitCtasPerSm * cache::kDefaultSmCount,
                                                                   policy.head_rows, side_ctas);

@@ -239,8 +239,7 @@ TEST(ControlKernel, LongRowPlansOneWaveWithTheSinkRecentCtas) {
     policy.head_rows = heads;
     policy.max_splits = cfg.max_splits;
     policy.min_pages = min_split_pages(recipe);
-    policy.target_ctas = split_target_ctas(kSplitCtasPerSm * cache.num_sms(), heads,
-                                           slot_row_ctas(recipe.kv, recipe.bf16_sink, recipe.bf16_recent, heads));
+    policy.target_ctas = split_target_ctas(kSplitCtasPerSm * cache.num_sms(), heads, slot_row_ctas(recipe, heads));
     const RowSplit want = plan_row_split(pages, policy);
     EXPECT_EQ(plan.row_pages[0], pages) << spec;
     EXPECT_EQ(plan.row_splits[0], want.splits) << spec;
