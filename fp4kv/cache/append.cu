@@ -2,16 +2,15 @@
 // warp 1 writes V (latent caches: the latent c' and the positional key r). Quantized formats
 // write the slot's sink/recent rows; the BF16 format writes the row straight into its pool
 // block (a BF16 page). Used by prefill (the chunk's sink tokens and its last 128 tokens) and
-// by the decode append (one token per row).
+// by the decode append (one token per row). The row rules themselves are append_row.cuh's,
+// shared with kernels that append the rows they produce.
+#include "fp4kv/cache/append_row.cuh"
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/cache/dependent_launch.cuh"
-#include "fp4kv/cache/device_common.cuh"
 #include "fp4kv/core/error.h"
 
 namespace fp4kv::cache::detail {
 namespace {
-
-enum class RowMode { prefill, append };
 
 struct RowKernelArgs {
   CacheDims dims;
@@ -21,49 +20,15 @@ struct RowKernelArgs {
   int sink_rows = 0;  // prefill: the chunk's tokens [first, first + sink_rows) go to sink rows
   int recent_lo = 0;  // prefill: tokens [recent_lo, end) go to recent rows (or the BF16 pool)
   int count_from = 0; // prefill: tokens >= count_from are counted here (the others by the page kernel)
-  StepArgs step;
-  StepPlan plan;
+  AppendTarget append;  // decode append: the step (its k and v are the rows)
 };
 
-// BF16 pool row: token row t of a BF16 page (K or V part; latent pages: the latent or r rows).
-__device__ __forceinline__ uint16_t* bf16_pool_row(const CacheDims& dims, const CacheMem& mem, int layer, int block,
-                                                   int head, int kv, int t) {
-  uint8_t* base = block_head(dims, mem, layer, block, head);
-  const PageLayout& L = dims.layout;
-  if (dims.latent() && kv == 1) return reinterpret_cast<uint16_t*>(base + dims.r_rows) + t * dims.rope_dim;
-  return reinterpret_cast<uint16_t*>(base + (kv == 0 ? bf16_k_offset(L, t, 0) : bf16_v_offset(L, t, 0)));
-}
-
-// Where one warp's row goes.
-struct RowTarget {
-  int layer = 0, head = 0, kv = 0, pos = 0;
-  int slot = -1, block = -1;  // quantized formats: the slot; BF16: the pool block
-  bool to_sink = false;       // also (prefill: only) the sink row `pos`
-  bool count = true;          // count its non-finite elements here
-  bool write = true;          // false: the step failed (error flags); the row is read, not written
-};
-
-// Transforms (K), rounds and writes one row of W values (input: W floats).
 template <int W>
-__device__ __forceinline__ void write_row(const CacheDims& dims, const CacheMem& mem, RowMode mode, const RowTarget& t,
-                                          const float* input) {
-  constexpr int E = W / 32;
-  const int lane = threadIdx.x % 32;
-  const bool is_key = t.kv == 0;
-  uint16_t v[E];
-  int bad = 0;
-  cache_row<W>(input, is_key ? mu_row(dims, mem, t.layer, t.head) : nullptr, is_key, dims.smooth, dims.rotate, lane, v,
-               bad);
-  if (!t.write) return;
-  if (t.count) flush_nonfinite(mem.nonfinite, bad);
-  if (dims.quantized()) {
-    const int row = t.to_sink && mode == RowMode::prefill ? t.pos : kSinkTokens + t.pos % kPage;
-    store_bf16<E>(slot_row(dims, mem, t.layer, t.slot, t.head, t.kv, row) + lane * E, v);
-    if (t.to_sink && mode == RowMode::append)  // a decode token below 16 goes to both rows
-      store_bf16<E>(slot_row(dims, mem, t.layer, t.slot, t.head, t.kv, t.pos) + lane * E, v);
-  } else {
-    store_bf16<E>(bf16_pool_row(dims, mem, t.layer, t.block, t.head, t.kv, t.pos % kPage) + lane * E, v);
-  }
+__device__ __forceinline__ void load_and_write_row(const CacheDims& dims, const CacheMem& mem, RowMode mode,
+                                                   const RowTarget& t, const float* input) {
+  RowFrag<W> r;
+  load_row<W>(input, threadIdx.x % 32, r);
+  write_row<W>(dims, mem, mode, t, r);
 }
 
 template <int D>
@@ -79,23 +44,10 @@ __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
   const long long width = dims.width(t.kv);
   const float* input;
   if (a.mode == RowMode::append) {
-    // The sticky error flags (uniform: nothing writes them during this kernel), the row's
-    // length and slot and, in write_row, its K or V values are loaded together, one memory
-    // latency, and the flags tested only before anything is written: every address here is
-    // valid whatever the flags say. A BF16 pool row's block needs a valid length first.
-    const bool failed = *a.mem.error_flags != 0;
+    // The target's scalars and the row's values are loaded together (no store between).
     const int row = blockIdx.x;
-    t.layer = a.step.layer;
-    t.pos = a.step.seq_lens[row] - 1;
-    t.write = !failed;
-    input = (is_key ? a.step.k : a.step.v) + (static_cast<long long>(row) * dims.heads + t.head) * width;
-    if (dims.quantized()) {
-      t.slot = a.plan.row_slot[row];
-      t.to_sink = dims.sink && t.pos < kSinkTokens;
-    } else {
-      if (failed) return;
-      t.block = a.step.block_tables[static_cast<long long>(row) * a.step.max_pages + t.pos / kPage];
-    }
+    if (!append_row_target(a.append, row, t.head, t.kv, t)) return;
+    input = (is_key ? a.append.step.k : a.append.step.v) + (static_cast<long long>(row) * dims.heads + t.head) * width;
   } else {
     t.layer = a.prefill.layer;
     if (blockIdx.x < a.sink_rows) {  // sink copy (the token is counted where its recent row or page is written)
@@ -119,9 +71,9 @@ __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
     }
   }
   if constexpr (D == kMlaLatentDim) {  // d = 512 is only a latent cache's: its V side is r
-    if (!is_key) return write_row<kMlaRopeDim>(dims, a.mem, a.mode, t, input);
+    if (!is_key) return load_and_write_row<kMlaRopeDim>(dims, a.mem, a.mode, t, input);
   }
-  write_row<D>(dims, a.mem, a.mode, t, input);
+  load_and_write_row<D>(dims, a.mem, a.mode, t, input);
 }
 
 // A decode step's append is a few CTAs whose cost is launch latency: as a programmatic
@@ -172,8 +124,7 @@ void launch_append(const CacheDims& dims, const CacheMem& mem, const StepPlan& p
   a.dims = dims;
   a.mem = mem;
   a.mode = RowMode::append;
-  a.step = step;
-  a.plan = plan;
+  a.append = AppendTarget{dims, mem, plan, step};
   launch(a, step.batch, stream);
 }
 

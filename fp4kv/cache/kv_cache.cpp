@@ -227,7 +227,27 @@ void KvCache::append(int layer, const float* k, const float* v, cudaStream_t str
   a.k = k;
   a.v = v;
   detail::launch_append(dims_, mem_, plan_, a, stream);
-  if (dims_.quantized() && !dims_.recent) detail::launch_requantize_open_pages(dims_, mem_, plan_, a, stream);
+  finish_append(layer, stream);
+}
+
+AppendTarget KvCache::append_target(int layer) const {
+  require(have_step_, "KvCache::append_target: call begin_step first");
+  check_layer(layer);
+  require(!dims_.latent(), "KvCache::append_target: a latent (MLA) cache appends through append()");
+  AppendTarget t{dims_, mem_, plan_, step_};
+  t.step.layer = layer;
+  return t;
+}
+
+void KvCache::finish_append(int layer, cudaStream_t stream) {
+  require(have_step_, "KvCache::finish_append: call begin_step first");
+  check_layer(layer);
+  // Without BF16 recent rows the open page is quantized again from the rows just written.
+  if (dims_.quantized() && !dims_.recent) {
+    detail::StepArgs a = step_;
+    a.layer = layer;
+    detail::launch_requantize_open_pages(dims_, mem_, plan_, a, stream);
+  }
 }
 
 void KvCache::end_step(cudaStream_t stream) {

@@ -13,7 +13,8 @@
 //     cache block block_row[0].
 //   decode step: begin_step(block_tables, seq_lens, batch, max_pages) (the control
 //     kernel), then for every layer append(layer, k, v) (k, v: [batch][kv_heads][head_dim])
-//     followed by that layer's decode attention, then end_step() (promotions). seq_lens
+//     or its fused form (append_target / finish_append) followed by that layer's decode
+//     attention, then end_step() (promotions). seq_lens
 //     include the token appended in this step. The decode-step calls never synchronize
 //     with the host and are capturable in a CUDA graph (the device pointers given to
 //     begin_step and append are baked into the graph: refill the same buffers).
@@ -46,6 +47,7 @@
 #include <functional>
 #include <vector>
 
+#include "fp4kv/cache/append_target.h"
 #include "fp4kv/cache/kernels.h"
 #include "fp4kv/cache/layout.h"
 #include "fp4kv/cache/step_plan.h"
@@ -109,6 +111,11 @@ class KvCache {
   void begin_step(const int32_t* block_tables, const int32_t* seq_lens, int batch, int max_pages,
                   cudaStream_t stream);
   void append(int layer, const float* k, const float* v, cudaStream_t stream);
+  // The same append done by the kernel that produces the rows (cache/append_row.cuh): that
+  // kernel writes every row of the step through append_target(layer), then the caller
+  // enqueues finish_append(layer). Together they equal append(layer, k, v) bit for bit.
+  AppendTarget append_target(int layer) const;
+  void finish_append(int layer, cudaStream_t stream);
   void end_step(cudaStream_t stream);
 
   // Frees the slot of the request whose first cache block is `first_block` (asynchronous).

@@ -429,6 +429,20 @@ void GpuModel::enqueue_input_norm(int l, Activations& a, int rows) {
   }
 }
 
+// QK-norm + RoPE of the step's B rows and, when the step updates the cache, the append of
+// their K/V rows fused into the same kernel (one kernel boundary a layer less).
+void GpuModel::enqueue_qk_norm_rope_append(int l, int B) {
+  const ops::QkNormRopeArgs args = qk_norm_rope_args(config(), slice_, weights_.layer(l), *act_, B, act_->flags);
+  if (!cache_updates_) {
+    ops::qk_norm_rope(args, stream_);
+    mark(StepPart::other);
+    return;
+  }
+  ops::qk_norm_rope_append(args, cache_->append_target(l), stream_);
+  cache_->finish_append(l, stream_);
+  mark(StepPart::cache);
+}
+
 void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
   const model::Qwen3Config& c = config();
   const GpuLayerWeights& w = weights_.layer(l);
@@ -438,10 +452,7 @@ void GpuModel::enqueue_layer(int l, int B, const Gemms& g) {
   mark(StepPart::other);
   g[StepGemmKind::qkv].run(a.h, w.wqkv, a.qkv, stream_);
   mark(StepPart::gemm);
-  ops::qk_norm_rope(qk_norm_rope_args(c, slice_, w, a, B, a.flags), stream_);
-  mark(StepPart::other);
-  if (cache_updates_) cache_->append(l, a.k, a.v, stream_);
-  mark(StepPart::cache);
+  enqueue_qk_norm_rope_append(l, B);
   attention_->run(attention::step_of(*cache_, a.block_tables, a.seq_lens, B), attention::layer_view(*cache_, l), a.q,
                   a.attn, nullptr, stream_);
   mark(StepPart::attention);

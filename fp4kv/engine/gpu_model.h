@@ -52,8 +52,9 @@ namespace fp4kv::engine {
 
 // Where a step's time goes (GpuModel::profile_step): the cuBLASLt GEMMs (QKV, O, gate/up,
 // down, LM head), decode attention (decode + combine kernels), the cache's own work (control
-// kernel, append, promotion), the tensor-parallel collectives (all-reduces, the logits'
-// gather) and everything else (embedding, norms, QK-norm + RoPE, SwiGLU).
+// kernel, QK-norm + RoPE with the append fused in, promotion), the tensor-parallel
+// collectives (all-reduces, the logits' gather) and everything else (embedding, norms,
+// SwiGLU; QK-norm + RoPE alone when the step does not update the cache).
 enum class StepPart { gemm, attention, cache, collective, other };
 inline constexpr int kStepParts = 5;
 inline const char* step_part_name(StepPart p) {
@@ -218,6 +219,7 @@ class GpuModel final : public StepModel {
   void enqueue_step(int batch);
   void enqueue_input_norm(int layer, Activations& a, int rows);
   void enqueue_layer(int layer, int batch, const Gemms& g);
+  void enqueue_qk_norm_rope_append(int layer, int batch);
   void enqueue_mlp(const GpuLayerWeights& w, Activations& a, int rows, const Gemms& g);
   void enqueue_moe(const GpuLayerWeights& w, Activations& a, int rows, const Gemms& g);
   void enqueue_prefill_chunk(int start, int tokens);

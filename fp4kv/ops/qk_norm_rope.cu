@@ -1,5 +1,6 @@
-// QK-norm + RoPE kernel: one warp per (token, head) over the q, k and v heads of the QKV
-// row; a lane handles the rotation pairs (i, i + half) for i = lane, lane + 32, ... At a
+// QK-norm + RoPE kernels: one warp per (token, head) over the q, k and v heads of the QKV
+// row; a lane handles the rotation pairs (i, i + half) for i = lane, lane + 32, ... The
+// decode step's form appends the k and v rows to the cache itself (qk_norm_rope_append). At a
 // decode step the kernel is a few L2 round trips long, so what does not depend on the QKV
 // GEMM (position, norm weights, cos/sin) is loaded before waiting for it, and a lane loads
 // everything it reads before it stores anything (a store between two loads, which might
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <string>
 
+#include "fp4kv/cache/append_row.cuh"
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/half.h"
@@ -33,15 +35,18 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-// Where one head's outputs go: either output may be null (the value is BF16-exact: both agree).
+// Where one head's outputs go: any of them may be null (the value is BF16-exact: all agree).
+// `staged` is the warp's row in shared memory, for the cache append that follows.
 struct HeadOut {
   __nv_bfloat16* bf16 = nullptr;
   float* f32 = nullptr;
+  float* staged = nullptr;
 };
 
 __device__ void store(const HeadOut& out, int i, float value) {
   if (out.bf16 != nullptr) out.bf16[i] = __float2bfloat16_rn(value);
   if (out.f32 != nullptr) out.f32[i] = value;
+  if (out.staged != nullptr) out.staged[i] = value;
 }
 
 // Element i = lane + 32 j of a head, j < kMaxPerLane (0 past head_dim), widened.
@@ -164,6 +169,59 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRope
   norm_rope_head(x, pc, out, d, a.eps);
 }
 
+// The heads of one token as qk_norm_rope_kernel's jobs, with the cache append fused in: a k
+// head's warp stages its normed, rotated row in shared memory and appends it (key
+// transform, BF16 rounding, the slot or pool row: cache/append_row.cuh), a v head's warp
+// appends its row as loaded; q heads as above. The append's target (error flags, length,
+// slot) is loaded with the head's values, after the wait: the step's control kernel wrote it.
+template <int D>
+__global__ void __launch_bounds__(kThreads) qk_norm_rope_append_kernel(const QkNormRopeArgs a,
+                                                                       const cache::AppendTarget target) {
+  __shared__ float staged[kWarpsPerBlock][D];
+  cache::allow_dependents();
+  const int heads = a.q_heads + 2 * a.kv_heads, warp = threadIdx.x / 32;
+  const int64_t job = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  const bool has_job = job < int64_t(a.tokens) * heads;
+  const int t = has_job ? int(job / heads) : 0, j = has_job ? int(job % heads) : 0;
+  const bool is_q = j < a.q_heads, is_v = j >= a.q_heads + a.kv_heads;
+  bool valid = false;
+  PairConstants pc;
+  if (has_job && !is_v) {
+    const int pos = a.positions[t];
+    valid = pos >= 0 && pos < a.rope_positions;
+    const size_t rope_row = size_t(valid ? pos : 0) * (D / 2);
+    load_pair_constants(is_q ? a.q_norm : a.k_norm, valid ? a.rope_cos + rope_row : nullptr,
+                        valid ? a.rope_sin + rope_row : nullptr, D, pc);
+  }
+  cache::wait_for_producer();  // launched as a programmatic dependent of the QKV GEMM
+  if (!has_job) return;
+  const __nv_bfloat16* x = a.qkv + (size_t(t) * heads + j) * D;
+  if (!valid && !is_v && threadIdx.x % 32 == 0 && j == 0) atomicOr(a.error_flags, kErrorPositionOutOfRange);
+  if (is_q) {
+    HeadOut out;
+    out.bf16 = a.q + (size_t(t) * a.q_heads + j) * D;
+    norm_rope_head(x, pc, out, D, a.eps);
+    return;
+  }
+  const int kv = is_v ? 1 : 0, head = j - a.q_heads - kv * a.kv_heads;
+  cache::AppendRowSite site;
+  if (!cache::append_row_site(target, t, head, kv, site)) return;
+  const int lane = threadIdx.x % 32;
+  cache::detail::RowFrag<D> row;
+  if (is_v) {
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) row.x[i] = __bfloat162float(x[lane * (D / 32) + i]);
+  } else {
+    HeadOut out;
+    out.staged = staged[warp];
+    norm_rope_head(x, pc, out, D, a.eps);
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) row.x[i] = staged[warp][lane * (D / 32) + i];
+  }
+  cache::append_row<D>(target, site, row);
+}
+
 }  // namespace
 
 RopeTable make_rope_table(int head_dim, double rope_theta, int positions) {
@@ -207,6 +265,31 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
   cache::launch_dependent(qk_norm_rope_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, a);
   cache::cuda_check_launch("qk_norm_rope");
+}
+
+void qk_norm_rope_append(const QkNormRopeArgs& a, const cache::AppendTarget& target, cudaStream_t stream) {
+  const cache::detail::CacheDims& c = target.dims;
+  require(a.tokens >= 1 && a.tokens == target.step.batch,
+          "qk_norm_rope_append: tokens " + std::to_string(a.tokens) + " must equal the cache step's batch " +
+              std::to_string(target.step.batch));
+  require(a.q_heads > 0 && a.kv_heads == c.heads && a.head_dim == c.d && !c.latent(),
+          "qk_norm_rope_append: q_heads " + std::to_string(a.q_heads) + ", kv_heads " + std::to_string(a.kv_heads) +
+              ", head_dim " + std::to_string(a.head_dim) + " do not fit the cache (" + std::to_string(c.heads) +
+              " KV heads of " + std::to_string(c.d) + ", not latent)");
+  require(a.rope_positions > 0, "qk_norm_rope_append: rope_positions " + std::to_string(a.rope_positions) +
+                                    " must be positive");
+  require(a.eps >= 0.0f, "qk_norm_rope_append: eps " + std::to_string(a.eps) + " is negative");
+  require(a.qkv && a.positions && a.q_norm && a.k_norm && a.rope_cos && a.rope_sin && a.q && a.error_flags,
+          "qk_norm_rope_append: a device pointer is null");
+  const int64_t warps = int64_t(a.tokens) * (a.q_heads + 2 * a.kv_heads);
+  const dim3 grid(unsigned((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  switch (a.head_dim) {
+    case 64: cache::launch_dependent(qk_norm_rope_append_kernel<64>, grid, dim3(kThreads), 0, stream, a, target); break;
+    case 128: cache::launch_dependent(qk_norm_rope_append_kernel<128>, grid, dim3(kThreads), 0, stream, a, target); break;
+    case 256: cache::launch_dependent(qk_norm_rope_append_kernel<256>, grid, dim3(kThreads), 0, stream, a, target); break;
+    default: throw Error("qk_norm_rope_append: head_dim " + std::to_string(a.head_dim) + " is not 64, 128 or 256");
+  }
+  cache::cuda_check_launch("qk_norm_rope_append");
 }
 
 }  // namespace fp4kv::ops

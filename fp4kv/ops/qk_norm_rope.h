@@ -30,6 +30,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "fp4kv/cache/append_target.h"
+
 namespace fp4kv::ops {
 
 // BF16 cos/sin of RoPE as transformers computes them in float32 and casts to BF16:
@@ -67,5 +69,13 @@ struct QkNormRopeArgs {
 
 // Throws fp4kv::Error naming the bad argument (head_dim up to 256) before launching.
 void qk_norm_rope(const QkNormRopeArgs& args, cudaStream_t stream);
+
+// The decode step's form with the cache's append fused in: q as qk_norm_rope writes it, and
+// the token's k and v heads written straight into the cache's rows of this step (args.k,
+// args.v, k_bf16 and v_bf16 are not used), the bits of qk_norm_rope followed by
+// KvCache::append(layer, k, v). `target` is KvCache::append_target(layer) of the step begun
+// for these `tokens` rows; enqueue KvCache::finish_append(layer) after it. head_dim 64, 128
+// or 256; throws fp4kv::Error naming the bad argument or a cache that does not fit.
+void qk_norm_rope_append(const QkNormRopeArgs& args, const cache::AppendTarget& target, cudaStream_t stream);
 
 }  // namespace fp4kv::ops
