@@ -134,39 +134,62 @@ __device__ void copy_value_head(const QkNormRopeArgs& a, const __nv_bfloat16* x,
 // One warp per (token, head). The position, the norm weights and the RoPE row are read before
 // waiting for the QKV GEMM (the producer): positions are uploaded before the step and the
 // rest is constant, so after the wait only the head's values are a memory latency away.
-__global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRopeArgs a) {
-  cache::allow_dependents();  // the cache's append may set up its grid
-  const int heads = a.q_heads + 2 * a.kv_heads;
-  const int64_t job = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const bool has_job = job < int64_t(a.tokens) * heads;
-  const int t = has_job ? int(job / heads) : 0, j = has_job ? int(job % heads) : 0, d = a.head_dim;
-  const bool is_q = j < a.q_heads, is_v = j >= a.q_heads + a.kv_heads;
+// A warp's job: head j of token t (q heads, then k, then v), and for a q or k head what does
+// not come from the producer (loaded before the kernel waits for it).
+struct HeadJob {
+  bool has_job = false;
+  int t = 0, j = 0;
+  bool is_q = false, is_v = false;
   bool valid = false;  // the position indexes the RoPE table
   PairConstants pc;
-  if (has_job && !is_v) {
-    const int pos = a.positions[t];
-    valid = pos >= 0 && pos < a.rope_positions;
-    const size_t rope_row = size_t(valid ? pos : 0) * (d / 2);
-    load_pair_constants(is_q ? a.q_norm : a.k_norm, valid ? a.rope_cos + rope_row : nullptr,
-                        valid ? a.rope_sin + rope_row : nullptr, d, pc);
-  }
+};
+
+__device__ __forceinline__ HeadJob head_job(const QkNormRopeArgs& a, int d) {
+  HeadJob h;
+  const int heads = a.q_heads + 2 * a.kv_heads;
+  const int64_t job = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  h.has_job = job < int64_t(a.tokens) * heads;
+  if (!h.has_job) return h;
+  h.t = int(job / heads);
+  h.j = int(job % heads);
+  h.is_q = h.j < a.q_heads;
+  h.is_v = h.j >= a.q_heads + a.kv_heads;
+  if (h.is_v) return h;
+  const int pos = a.positions[h.t];
+  h.valid = pos >= 0 && pos < a.rope_positions;
+  const size_t rope_row = size_t(h.valid ? pos : 0) * (d / 2);
+  load_pair_constants(h.is_q ? a.q_norm : a.k_norm, h.valid ? a.rope_cos + rope_row : nullptr,
+                      h.valid ? a.rope_sin + rope_row : nullptr, d, h.pc);
+  return h;
+}
+
+// A position outside the table raises the flag once per token (its first head).
+__device__ __forceinline__ void flag_bad_position(const QkNormRopeArgs& a, const HeadJob& h) {
+  if (!h.valid && !h.is_v && threadIdx.x % 32 == 0 && h.j == 0) atomicOr(a.error_flags, kErrorPositionOutOfRange);
+}
+
+__global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(const QkNormRopeArgs a) {
+  cache::allow_dependents();  // the cache's append may set up its grid
+  const int d = a.head_dim, heads = a.q_heads + 2 * a.kv_heads;
+  const HeadJob h = head_job(a, d);
   cache::wait_for_producer();  // launched as a programmatic dependent of the QKV GEMM
-  if (!has_job) return;
+  if (!h.has_job) return;
+  const int t = h.t, j = h.j;
   const __nv_bfloat16* x = a.qkv + (size_t(t) * heads + j) * d;
-  if (is_v) {
+  if (h.is_v) {
     copy_value_head(a, x, (size_t(t) * a.kv_heads + (j - a.q_heads - a.kv_heads)) * d);
     return;
   }
-  if (!valid && threadIdx.x % 32 == 0 && j == 0) atomicOr(a.error_flags, kErrorPositionOutOfRange);
+  flag_bad_position(a, h);
   HeadOut out;
-  if (is_q) {
+  if (h.is_q) {
     out.bf16 = a.q + (size_t(t) * a.q_heads + j) * d;
   } else {
     const size_t row = (size_t(t) * a.kv_heads + (j - a.q_heads)) * d;
     out.f32 = a.k + row;
     out.bf16 = a.k_bf16 ? a.k_bf16 + row : nullptr;
   }
-  norm_rope_head(x, pc, out, d, a.eps);
+  norm_rope_head(x, h.pc, out, d, a.eps);
 }
 
 // The heads of one token as qk_norm_rope_kernel's jobs, with the cache append fused in: a k
@@ -180,41 +203,30 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_append_kernel(const QkN
   __shared__ float staged[kWarpsPerBlock][D];
   cache::allow_dependents();
   const int heads = a.q_heads + 2 * a.kv_heads, warp = threadIdx.x / 32;
-  const int64_t job = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
-  const bool has_job = job < int64_t(a.tokens) * heads;
-  const int t = has_job ? int(job / heads) : 0, j = has_job ? int(job % heads) : 0;
-  const bool is_q = j < a.q_heads, is_v = j >= a.q_heads + a.kv_heads;
-  bool valid = false;
-  PairConstants pc;
-  if (has_job && !is_v) {
-    const int pos = a.positions[t];
-    valid = pos >= 0 && pos < a.rope_positions;
-    const size_t rope_row = size_t(valid ? pos : 0) * (D / 2);
-    load_pair_constants(is_q ? a.q_norm : a.k_norm, valid ? a.rope_cos + rope_row : nullptr,
-                        valid ? a.rope_sin + rope_row : nullptr, D, pc);
-  }
+  const HeadJob h = head_job(a, D);
   cache::wait_for_producer();  // launched as a programmatic dependent of the QKV GEMM
-  if (!has_job) return;
+  if (!h.has_job) return;
+  const int t = h.t, j = h.j;
   const __nv_bfloat16* x = a.qkv + (size_t(t) * heads + j) * D;
-  if (!valid && !is_v && threadIdx.x % 32 == 0 && j == 0) atomicOr(a.error_flags, kErrorPositionOutOfRange);
-  if (is_q) {
+  flag_bad_position(a, h);
+  if (h.is_q) {
     HeadOut out;
     out.bf16 = a.q + (size_t(t) * a.q_heads + j) * D;
-    norm_rope_head(x, pc, out, D, a.eps);
+    norm_rope_head(x, h.pc, out, D, a.eps);
     return;
   }
-  const int kv = is_v ? 1 : 0, head = j - a.q_heads - kv * a.kv_heads;
+  const int kv = h.is_v ? 1 : 0, head = j - a.q_heads - kv * a.kv_heads;
   cache::AppendRowSite site;
   if (!cache::append_row_site(target, t, head, kv, site)) return;
   const int lane = threadIdx.x % 32;
   cache::detail::RowFrag<D> row;
-  if (is_v) {
+  if (h.is_v) {
 #pragma unroll
     for (int i = 0; i < D / 32; ++i) row.x[i] = __bfloat162float(x[lane * (D / 32) + i]);
   } else {
     HeadOut out;
     out.staged = staged[warp];
-    norm_rope_head(x, pc, out, D, a.eps);
+    norm_rope_head(x, h.pc, out, D, a.eps);
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < D / 32; ++i) row.x[i] = staged[warp][lane * (D / 32) + i];

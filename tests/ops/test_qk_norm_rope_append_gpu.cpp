@@ -135,26 +135,13 @@ void run_case(const FusedCase& c) {
       auto qkv = random_bf16(size_t(rows) * heads * d, 0.0f, 2.0f, uint32_t(1000 + 10 * s + l));
       // A non-finite K and V element in one step: counted once by each path, cached as 0.
       if (s == 5 && l == 1) {
-        qkv[size_t(c.q_heads) * d + 3] = 0x7fc0;                                    // K head 0 of row 0: NaN
-        qkv[(size_t(heads) + c.q_heads + c.kv_heads) * d + 1] = 0x7f80;              // V head 0 of row 1: +inf
+        qkv[size_t(c.q_heads) * d + 3] = 0x7fc0;                        // K head 0 of row 0: NaN
+        qkv[(size_t(heads) + c.q_heads + c.kv_heads) * d + 1] = 0x7f80;  // V head 0 of row 1: +inf
       }
       d_qkv.upload(qkv);
-      QkNormRopeArgs a;
-      a.qkv = as_bf16(d_qkv);
-      a.positions = d_pos.get();
-      a.q_norm = as_bf16(d_qn);
-      a.k_norm = as_bf16(d_kn);
-      a.rope_cos = as_bf16(d_cos);
-      a.rope_sin = as_bf16(d_sin);
-      a.rope_positions = rope.positions;
-      a.tokens = rows;
-      a.q_heads = c.q_heads;
-      a.kv_heads = c.kv_heads;
-      a.head_dim = d;
-      a.q = as_bf16(d_q_unfused);
-      a.k = d_k.get();
-      a.v = d_v.get();
-      a.error_flags = d_flags.get();
+      QkNormRopeArgs a{as_bf16(d_qkv), d_pos.get(), as_bf16(d_qn), as_bf16(d_kn), as_bf16(d_cos), as_bf16(d_sin),
+                       rope.positions, rows, c.q_heads, c.kv_heads, d, 1e-6f, as_bf16(d_q_unfused), d_k.get(),
+                       d_v.get(), d_flags.get()};
       qk_norm_rope(a, nullptr);
       unfused.cache->append(l, d_k.get(), d_v.get(), nullptr);
       a.q = as_bf16(d_q_fused);
