@@ -123,8 +123,12 @@ __global__ void __launch_bounds__(kThreads, (SplitConfig<F, D, OM, NT>::Plan::kM
   extern __shared__ __align__(128) uint8_t smem[];
   const CtaSmem sm = carve_smem<typename K::Plan>(smem);
 
-  // The combine (a programmatic dependent) may launch once every CTA of this grid runs: its
-  // CTAs then load their scalars and wait for this grid while it works.
+  // Launched as a programmatic dependent of the op that wrote the queries and the step's
+  // K/V rows: the grid is set up while that op finishes; nothing is read before it has.
+  cache::wait_for_producer();
+  // The combine (a programmatic dependent) may launch once every CTA of this grid has
+  // passed that wait: its CTAs then load their scalars (complete by then: every earlier
+  // kernel has) and wait for this grid while it works.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -183,7 +187,8 @@ cudaError_t configure_decode() {
 template <class F, int D, int OM, int NT>
 void launch_decode(const KernelArgs& a, cudaStream_t stream) {
   const dim3 grid(a.max_splits + 1, a.kv_heads, a.batch);
-  decode_kernel<F, D, OM, NT><<<grid, kThreads, decode_smem_bytes<F, D, OM, NT>(a.G), stream>>>(a);
+  cache::launch_dependent(decode_kernel<F, D, OM, NT>, grid, dim3(kThreads), decode_smem_bytes<F, D, OM, NT>(a.G),
+                          stream, a);
 }
 
 template <class F, int D, int OM, int NT>

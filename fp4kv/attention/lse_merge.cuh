@@ -80,8 +80,9 @@ __global__ void __launch_bounds__(D) combine_kernel(const CombineArgs a) {
   // launch now and issue its weight loads while this grid waits for the decode kernel.
   cache::allow_dependents();
   // The row's scalars in one memory latency (no branch between the loads), before waiting:
-  // they are the decode kernel's inputs, written before it started (it is launched
-  // normally, after all earlier work), so their latency overlaps the decode kernel's tail.
+  // they are the decode kernel's inputs, and this grid launches only once every decode CTA
+  // has passed its own wait for the op before it (so every earlier kernel is complete), so
+  // their latency overlaps the decode kernel's tail.
   const int err = a.error_flags ? a.error_flags[0] : 0;
   const int rows = a.num_rows ? a.num_rows[0] : a.batch;
   const int n_row = a.seq_lens[b];
