@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, (SplitConfig<F, D, OM, NT>::Plan::kM
   // The combine (a programmatic dependent) may launch once every CTA of this grid has
   // passed that wait: its CTAs then load their scalars (complete by then: every earlier
   // kernel has) and wait for this grid while it works.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  cache::allow_dependents();
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (b >= a.batch || kvh >= a.kv_heads) return;

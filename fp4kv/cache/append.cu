@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
   if (a.mode == RowMode::append) {
     // The target's scalars and the row's values are loaded together (no store between).
     const int row = blockIdx.x;
-    if (!append_row_target(a.append, row, t.head, t.kv, t)) return;
+    if (!append_row_site(a.append, row, t.head, t.kv, t)) return;
     input = (is_key ? a.append.step.k : a.append.step.v) + (static_cast<long long>(row) * dims.heads + t.head) * width;
   } else {
     t.layer = a.prefill.layer;

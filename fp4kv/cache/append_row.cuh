@@ -60,11 +60,19 @@ __device__ __forceinline__ void write_row(const CacheDims& dims, const CacheMem&
   }
 }
 
-// The decode target of row `row`'s new token, KV head `head`, K (kv 0) or V (1). Reads the
-// sticky error flags (uniform: nothing writes them during a step's appends), the row's
-// length and its slot together, one memory latency; a BF16 pool row's block needs the
-// length first. Returns false when nothing may be written or read (a failed BF16 step).
-__device__ __forceinline__ bool append_row_target(const AppendTarget& a, int row, int head, int kv, RowTarget& t) {
+}  // namespace detail
+
+// The decode append of one row, in two calls so that the target's loads overlap the
+// producer's own: append_row_site as soon as the step's plan may be read (after the
+// kernel's wait for its producer), append_row once the warp holds the row's values.
+// Not for latent (MLA) caches, whose V side is narrower than D.
+using AppendRowSite = detail::RowTarget;
+
+// The site of row `row`'s new token, KV head `head`, K (kv 0) or V (1). Reads the sticky
+// error flags (uniform: nothing writes them during a step's appends), the row's length and
+// its slot together, one memory latency; a BF16 pool row's block needs the length first.
+// Returns false when nothing may be written or read (a failed BF16 step).
+__device__ __forceinline__ bool append_row_site(const AppendTarget& a, int row, int head, int kv, AppendRowSite& t) {
   const bool failed = *a.mem.error_flags != 0;
   t.layer = a.step.layer;
   t.head = head;
@@ -79,17 +87,6 @@ __device__ __forceinline__ bool append_row_target(const AppendTarget& a, int row
   if (failed) return false;
   t.block = a.step.block_tables[static_cast<long long>(row) * a.step.max_pages + t.pos / kPage];
   return true;
-}
-
-}  // namespace detail
-
-// The decode append of one row, in two calls so that the target's loads overlap the
-// producer's own: append_row_target as soon as the step's plan may be read (after the
-// kernel's wait for its producer), append_row once the warp holds the row's values.
-// Not for latent (MLA) caches, whose V side is narrower than D.
-using AppendRowSite = detail::RowTarget;
-__device__ __forceinline__ bool append_row_site(const AppendTarget& a, int row, int head, int kv, AppendRowSite& site) {
-  return detail::append_row_target(a, row, head, kv, site);
 }
 template <int D>
 __device__ __forceinline__ void append_row(const AppendTarget& a, const AppendRowSite& site, detail::RowFrag<D>& x) {
