@@ -13,14 +13,12 @@ namespace fp4kv::cache::detail {
 namespace {
 
 struct RowKernelArgs {
-  CacheDims dims;
-  CacheMem mem;
+  AppendTarget cache;  // the cache's shape and memory; decode append: also the step (its k and v are the rows)
   RowMode mode = RowMode::prefill;
   PrefillArgs prefill;
   int sink_rows = 0;  // prefill: the chunk's tokens [first, first + sink_rows) go to sink rows
   int recent_lo = 0;  // prefill: tokens [recent_lo, end) go to recent rows (or the BF16 pool)
   int count_from = 0; // prefill: tokens >= count_from are counted here (the others by the page kernel)
-  AppendTarget append;  // decode append: the step (its k and v are the rows)
 };
 
 template <int W>
@@ -36,7 +34,8 @@ __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
   // Launched as a programmatic dependent (launch()): the grid is set up while the op that
   // wrote the K/V rows finishes; wait for it before reading anything.
   wait_for_producer();
-  const CacheDims& dims = a.dims;
+  const CacheDims& dims = a.cache.dims;
+  const CacheMem& mem = a.cache.mem;
   RowTarget t;
   t.kv = threadIdx.x / 32;
   t.head = blockIdx.y;
@@ -46,8 +45,8 @@ __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
   if (a.mode == RowMode::append) {
     // The target's scalars and the row's values are loaded together (no store between).
     const int row = blockIdx.x;
-    if (!append_row_site(a.append, row, t.head, t.kv, t)) return;
-    input = (is_key ? a.append.step.k : a.append.step.v) + (static_cast<long long>(row) * dims.heads + t.head) * width;
+    if (!append_row_site(a.cache, row, t.head, t.kv, t)) return;
+    input = (is_key ? a.cache.step.k : a.cache.step.v) + (static_cast<long long>(row) * dims.heads + t.head) * width;
   } else {
     t.layer = a.prefill.layer;
     if (blockIdx.x < a.sink_rows) {  // sink copy (the token is counted where its recent row or page is written)
@@ -60,20 +59,20 @@ __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
     }
     input = (is_key ? a.prefill.k : a.prefill.v) + (static_cast<long long>(t.pos - a.prefill.first) * dims.heads + t.head) * width;
     if (dims.quantized()) {
-      t.slot = *a.mem.prefill_slot;
+      t.slot = *mem.prefill_slot;
       if (t.slot < 0) return;
     } else {
       t.block = a.prefill.block_row[t.pos / kPage];
       if (t.block < 0 || t.block >= dims.num_blocks) {
-        if (threadIdx.x == 0) atomicOr(a.mem.error_flags, kErrorBadSequence);
+        if (threadIdx.x == 0) atomicOr(mem.error_flags, kErrorBadSequence);
         return;
       }
     }
   }
   if constexpr (D == kMlaLatentDim) {  // d = 512 is only a latent cache's: its V side is r
-    if (!is_key) return load_and_write_row<kMlaRopeDim>(dims, a.mem, a.mode, t, input);
+    if (!is_key) return load_and_write_row<kMlaRopeDim>(dims, mem, a.mode, t, input);
   }
-  load_and_write_row<D>(dims, a.mem, a.mode, t, input);
+  load_and_write_row<D>(dims, mem, a.mode, t, input);
 }
 
 // A decode step's append is a few CTAs whose cost is launch latency: as a programmatic
@@ -81,17 +80,17 @@ __global__ void __launch_bounds__(64) rows_kernel(const RowKernelArgs a) {
 // and it waits for that producer in wait_for_producer().
 template <int D>
 void launch_rows(const RowKernelArgs& a, int rows, cudaStream_t stream) {
-  launch_dependent(rows_kernel<D>, dim3(rows, a.dims.heads), dim3(64), 0, stream, a);
+  launch_dependent(rows_kernel<D>, dim3(rows, a.cache.dims.heads), dim3(64), 0, stream, a);
 }
 
 void launch(const RowKernelArgs& a, int rows, cudaStream_t stream) {
   if (rows <= 0) return;
-  switch (a.dims.d) {
+  switch (a.cache.dims.d) {
     case 64: launch_rows<64>(a, rows, stream); break;
     case 128: launch_rows<128>(a, rows, stream); break;
     case 256: launch_rows<256>(a, rows, stream); break;
     case kMlaLatentDim: launch_rows<kMlaLatentDim>(a, rows, stream); break;
-    default: throw Error("cache row kernel: unsupported head_dim " + std::to_string(a.dims.d));
+    default: throw Error("cache row kernel: unsupported head_dim " + std::to_string(a.cache.dims.d));
   }
   cuda_check_launch("cache row kernel launch");
 }
@@ -100,8 +99,8 @@ void launch(const RowKernelArgs& a, int rows, cudaStream_t stream) {
 
 void launch_prefill_rows(const CacheDims& dims, const CacheMem& mem, const PrefillArgs& args, cudaStream_t stream) {
   RowKernelArgs a;
-  a.dims = dims;
-  a.mem = mem;
+  a.cache.dims = dims;
+  a.cache.mem = mem;
   a.mode = RowMode::prefill;
   a.prefill = args;
   if (dims.quantized()) {
@@ -121,10 +120,8 @@ void launch_prefill_rows(const CacheDims& dims, const CacheMem& mem, const Prefi
 void launch_append(const CacheDims& dims, const CacheMem& mem, const StepPlan& plan, const StepArgs& step,
                    cudaStream_t stream) {
   RowKernelArgs a;
-  a.dims = dims;
-  a.mem = mem;
+  a.cache = AppendTarget{dims, mem, plan, step};
   a.mode = RowMode::append;
-  a.append = AppendTarget{dims, mem, plan, step};
   launch(a, step.batch, stream);
 }
 
