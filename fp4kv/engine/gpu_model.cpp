@@ -16,7 +16,6 @@
 #include "fp4kv/ops/moe.h"
 #include "fp4kv/ops/qk_norm_rope.h"
 #include "fp4kv/ops/rms_norm.h"
-#include "fp4kv/ops/swiglu.h"
 
 namespace fp4kv::engine {
 
@@ -470,10 +469,8 @@ void GpuModel::enqueue_mlp(const GpuLayerWeights& w, Activations& a, int B, cons
   if (w.sparse()) {
     enqueue_moe(w, a, B, g);
   } else {
-    g[StepGemmKind::gate_up].run(a.h, w.w_gate_up, a.gate_up, stream_);
+    g[StepGemmKind::gate_up].run_swiglu(a.h, w.w_gate_up, a.gate_up, a.act, stream_);
     mark(StepPart::gemm);
-    ops::swiglu({a.gate_up, a.act, B, slice_.inter}, stream_);
-    mark(StepPart::other);
     g[StepGemmKind::down].run(a.act, w.w_down, a.delta, stream_);
     mark(StepPart::gemm);
   }

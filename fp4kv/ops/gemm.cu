@@ -10,6 +10,7 @@
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/ops/gemv.h"
+#include "fp4kv/ops/swiglu.h"
 
 namespace fp4kv::ops {
 namespace {
@@ -151,15 +152,33 @@ void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, cudaStr
   run_any(x, w, y, stream);
 }
 
-void Gemm::run_any(const void* x, const void* w, void* y, cudaStream_t stream) const {
-  // Messages are built only on failure: run() is on the decode step's hot path.
+// Messages are built only on failure: the run functions are on the decode step's hot path.
+void Gemm::check_operands(const void* x, const void* w, const void* y) const {
   if (!x || !w || !y) throw Error("Gemm::run: a device pointer is null (" + shape_text(shape_) + ")");
-  for (const void* p : {x, w, static_cast<const void*>(y)}) {
+  for (const void* p : {x, w, y}) {
     if (reinterpret_cast<uintptr_t>(p) % kAlignmentBytes != 0) {
       throw Error("Gemm::run: pointer " + std::to_string(reinterpret_cast<uintptr_t>(p)) + " is not " +
                   std::to_string(kAlignmentBytes) + "-byte aligned");
     }
   }
+}
+
+void Gemm::run_swiglu(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* product, __nv_bfloat16* act,
+                      cudaStream_t stream) const {
+  if (shape_.output != GemmOutput::bf16 || shape_.n % 2 != 0)
+    throw Error("Gemm::run_swiglu: needs a BF16 plan of even n (gate rows, then up rows), not " + shape_text(shape_));
+  const int intermediate = shape_.n / 2;
+  if (use_gemv_ && gemv_swiglu_supports(shape_.m, shape_.k)) {
+    check_operands(x, w, act);
+    gemv_swiglu(x, w, act, shape_.m, intermediate, shape_.k, stream);
+    return;
+  }
+  run_any(x, w, product, stream);
+  swiglu({product, act, shape_.m, intermediate}, stream);
+}
+
+void Gemm::run_any(const void* x, const void* w, void* y, cudaStream_t stream) const {
+  check_operands(x, w, y);
   if (use_gemv_) {
     gemv(static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w), y,
          shape_.output == GemmOutput::f32, shape_.m, shape_.n, shape_.k, stream);

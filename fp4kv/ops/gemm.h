@@ -45,6 +45,13 @@ class Gemm {
   // x: device [m][k], w: device [n][k], y: device [m][n]; the overload must match shape().output.
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t stream) const;
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, cudaStream_t stream) const;
+  // The MLP's gate/up product and its SwiGLU (ops/swiglu.h): w holds the gate rows, then the
+  // up rows (n = 2 intermediate); act [m][n / 2]. With the GEMV plan, where gemv_swiglu
+  // applies, one kernel (the SwiGLU as the GEMV's epilogue: one kernel boundary less in a
+  // decode step, the product never written); else y = X W^T into `product` [m][n] and
+  // ops::swiglu. The same bits either way. A BF16-output plan with even n only.
+  void run_swiglu(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* product, __nv_bfloat16* act,
+                  cudaStream_t stream) const;
 
   // Times each of the heuristic's candidate algorithms (up to 8), and for m <= 8 our GEMV
   // (ops/gemv.h), on these operands and keeps the fastest; returns its rank in the
@@ -64,6 +71,7 @@ class Gemm {
 
  private:
   void run_any(const void* x, const void* w, void* y, cudaStream_t stream) const;
+  void check_operands(const void* x, const void* w, const void* y) const;  // non-null, 16-byte aligned
   void release() noexcept;
 
   GemmShape shape_;

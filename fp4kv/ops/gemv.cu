@@ -4,10 +4,13 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <string>
 
 #include "fp4kv/cache/cuda_check.h"
-#include "fp4kv/ops/bf16x8.cuh"
 #include "fp4kv/cache/dependent_launch.cuh"
+#include "fp4kv/core/error.h"
+#include "fp4kv/ops/bf16x8.cuh"
+#include "fp4kv/ops/swiglu.cuh"
 
 namespace fp4kv::ops {
 
@@ -49,22 +52,43 @@ __device__ __forceinline__ void load_w(const uint4* __restrict__ wp, int left, u
   }
 }
 
-// A CTA owns kWarps / slices consecutive rows of W; each row is cut into `slices` equal
-// k-slices of whole 16-byte chunks, one warp each, and a lane owns the chunks lane,
-// lane + 32, ... of its slice. The host picks the fewest slices of at most kSliceChunks
-// (gemv_slices), so at the decode step's shapes every weight load of the kernel is issued at
-// once, before waiting for X, and the 2560-row matrices run as 1280 or 2560 small CTAs
-// instead of 320 of 8 rows (which left a third of the SMs a CTA short). Sums: per lane in k
-// order, a butterfly over the warp, then the row's slices in slice order through shared
-// memory: a fixed order. Launched as a programmatic dependent of the op that writes X: the
-// first pass's W loads are issued before waiting for it (W depends on nothing), X is read and
-// Y written only after.
-template <int M, bool F32Out>
+// What a GEMV writes: Y in BF16 or FP32, or the SwiGLU of its (gate, up) row pairs.
+enum class GemvOut { bf16, f32, swiglu };
+
+// The W row of a CTA's row v: v itself, or with the SwiGLU epilogue (W = [gate rows n / 2]
+// [up rows n / 2]) gate row v / 2 for even v and up row n / 2 + v / 2 for odd v, so that a
+// CTA's rows are whole (gate, up) pairs.
+template <GemvOut Out>
+__device__ __forceinline__ int weight_row(int v, int n) {
+  if constexpr (Out == GemvOut::swiglu) return (v % 2) * (n / 2) + v / 2;
+  else return v;
+}
+
+// X row m's dot product with W row `row`: its warps' partials (row-major in the CTA, one
+// per slice) in slice order.
+template <int M>
+__device__ __forceinline__ float row_sum(const float (&partial)[kWarps][M], int first_warp, int slices, int m) {
+  float sum = partial[first_warp][m];
+  for (int s = 1; s < slices; ++s) sum += partial[first_warp + s][m];
+  return sum;
+}
+
+// A CTA owns kWarps / slices consecutive rows (weight_row's order); each row is cut into
+// `slices` equal k-slices of whole 16-byte chunks, one warp each, and a lane owns the chunks
+// lane, lane + 32, ... of its slice. The host picks the fewest slices of at most
+// kSliceChunks (gemv_slices), so at the decode step's shapes every weight load of the kernel
+// is issued at once, before waiting for X, and the 2560-row matrices run as 1280 or 2560
+// small CTAs instead of 320 of 8 rows (which left a third of the SMs a CTA short). Sums: per
+// lane in k order, a butterfly over the warp, then the row's slices in slice order through
+// shared memory: a fixed order. Launched as a programmatic dependent of the op that writes X:
+// the first pass's W loads are issued before waiting for it (W depends on nothing), X is read
+// and Y written only after.
+template <int M, GemvOut Out>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int n,
                 int k, int slices) {
   __shared__ float partial[kWarps][M];
-  cache::allow_dependents();  // the next op (a norm, SwiGLU, QK-norm + RoPE) may set up its grid
+  cache::allow_dependents();  // the next op (a norm, SwiGLU, QK-norm + RoPE, the down GEMV) may set up its grid
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int slice = warp % slices;
   const int row = blockIdx.x * (kWarps / slices) + warp / slices;
@@ -73,7 +97,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int first = slice * per_slice + lane;
   // This lane's chunks are wp[0], wp[32], ... below wp[left] (none for rows past n).
   const int left = row < n ? min(chunks - slice * per_slice, per_slice) - lane : 0;
-  const uint4* wp = reinterpret_cast<const uint4*>(w + size_t(row < n ? row : 0) * k) + first;
+  const uint4* wp = reinterpret_cast<const uint4*>(w + size_t(row < n ? weight_row<Out>(row, n) : 0) * k) + first;
   const uint4* xp = reinterpret_cast<const uint4*>(x) + first;
   float acc[M];
 #pragma unroll
@@ -100,25 +124,42 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncthreads();
   if (slice != 0 || lane >= M || row >= n) return;
   const int m = lane;  // lane m writes X row m's output
-  float sum = partial[warp][m];
-  for (int s = 1; s < slices; ++s) sum += partial[warp + s][m];
-  if constexpr (F32Out) {
+  const float sum = row_sum<M>(partial, warp, slices, m);
+  if constexpr (Out == GemvOut::f32) {
     static_cast<float*>(y)[size_t(m) * n + row] = sum;
-  } else {
+  } else if constexpr (Out == GemvOut::bf16) {
     static_cast<__nv_bfloat16*>(y)[size_t(m) * n + row] = __float2bfloat16_rn(sum);
+  } else {  // the gate row's warps write; its up row's are the next `slices` warps
+    if (row % 2 != 0) return;
+    const float up = row_sum<M>(partial, warp + slices, slices, m);
+    static_cast<__nv_bfloat16*>(y)[size_t(m) * (n / 2) + row / 2] =
+        swiglu_value(__float2bfloat16_rn(sum), __float2bfloat16_rn(up));
   }
 }
 
-template <int M>
-void launch_rows(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f32_out, int n, int k,
-                 cudaStream_t stream) {
+template <int M, GemvOut Out>
+void launch_rows(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int n, int k, cudaStream_t stream) {
   const int slices = gemv_slices(k);
   const int rows_per_cta = kWarps / slices;
   const dim3 grid((n + rows_per_cta - 1) / rows_per_cta), block(kWarps * 32);
-  if (f32_out)
-    cache::launch_dependent(gemv_kernel<M, true>, grid, block, 0, stream, x, w, y, n, k, slices);
-  else
-    cache::launch_dependent(gemv_kernel<M, false>, grid, block, 0, stream, x, w, y, n, k, slices);
+  cache::launch_dependent(gemv_kernel<M, Out>, grid, block, 0, stream, x, w, y, n, k, slices);
+}
+
+// The launch for X of m rows (1 <= m <= kGemvMaxRows; others launch nothing).
+template <GemvOut Out>
+void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int m, int n, int k, cudaStream_t stream) {
+  switch (m) {
+    case 1: launch_rows<1, Out>(x, w, y, n, k, stream); break;
+    case 2: launch_rows<2, Out>(x, w, y, n, k, stream); break;
+    case 3: launch_rows<3, Out>(x, w, y, n, k, stream); break;
+    case 4: launch_rows<4, Out>(x, w, y, n, k, stream); break;
+    case 5: launch_rows<5, Out>(x, w, y, n, k, stream); break;
+    case 6: launch_rows<6, Out>(x, w, y, n, k, stream); break;
+    case 7: launch_rows<7, Out>(x, w, y, n, k, stream); break;
+    case 8: launch_rows<8, Out>(x, w, y, n, k, stream); break;
+    default: return;  // gemv_supports is the caller's check
+  }
+  cache::cuda_check_launch("gemv");
 }
 
 }  // namespace
@@ -132,20 +173,20 @@ int gemv_slices(int k) {
 
 bool gemv_supports(int m, int k) { return m >= 1 && m <= kGemvMaxRows && k > 0 && k % kGemvKMultiple == 0; }
 
+bool gemv_swiglu_supports(int m, int k) { return gemv_supports(m, k) && (kWarps / gemv_slices(k)) % 2 == 0; }
+
 void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f32_out, int m, int n, int k,
           cudaStream_t stream) {
-  switch (m) {
-    case 1: launch_rows<1>(x, w, y, f32_out, n, k, stream); break;
-    case 2: launch_rows<2>(x, w, y, f32_out, n, k, stream); break;
-    case 3: launch_rows<3>(x, w, y, f32_out, n, k, stream); break;
-    case 4: launch_rows<4>(x, w, y, f32_out, n, k, stream); break;
-    case 5: launch_rows<5>(x, w, y, f32_out, n, k, stream); break;
-    case 6: launch_rows<6>(x, w, y, f32_out, n, k, stream); break;
-    case 7: launch_rows<7>(x, w, y, f32_out, n, k, stream); break;
-    case 8: launch_rows<8>(x, w, y, f32_out, n, k, stream); break;
-    default: return;  // gemv_supports is the caller's check
-  }
-  cache::cuda_check_launch("gemv");
+  if (f32_out) launch<GemvOut::f32>(x, w, y, m, n, k, stream);
+  else launch<GemvOut::bf16>(x, w, y, m, n, k, stream);
+}
+
+void gemv_swiglu(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, __nv_bfloat16* act, int m, int intermediate,
+                 int k, cudaStream_t stream) {
+  require(gemv_swiglu_supports(m, k) && intermediate > 0,
+          "gemv_swiglu: " + std::to_string(m) + " rows, k " + std::to_string(k) + ", intermediate " +
+              std::to_string(intermediate) + " is not a shape it takes (gemv_swiglu_supports)");
+  launch<GemvOut::swiglu>(x, w_gate_up, act, m, 2 * intermediate, k, stream);
 }
 
 }  // namespace fp4kv::ops

@@ -30,4 +30,15 @@ int gemv_slices(int k);
 void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f32_out, int m, int n, int k,
           cudaStream_t stream);
 
+// The GEMV with the SwiGLU as its epilogue: act[m][intermediate] = ops::swiglu of the BF16
+// product X W^T for W = w_gate_up [gate rows][up rows] (2 intermediate rows of k), one
+// kernel, the product never written. The same bits as gemv() into [m][2 intermediate] then
+// ops::swiglu (both round g and u to BF16 and apply swiglu.cuh's swiglu_value). A CTA holds
+// whole (gate, up) row pairs, so k must leave at least two rows per CTA (at most 4 k-slices:
+// k <= 5120); gemv_swiglu_supports says where it applies, and gemv_swiglu throws
+// fp4kv::Error elsewhere.
+bool gemv_swiglu_supports(int m, int k);
+void gemv_swiglu(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, __nv_bfloat16* act, int m, int intermediate,
+                 int k, cudaStream_t stream);
+
 }  // namespace fp4kv::ops

@@ -6,8 +6,8 @@
 
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/core/error.h"
-#include "fp4kv/core/hd_math.h"
 #include "fp4kv/cache/dependent_launch.cuh"
+#include "fp4kv/ops/swiglu.cuh"
 
 namespace fp4kv::ops {
 namespace {
@@ -22,8 +22,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < total; e += int64_t(gridDim.x) * kThreads) {
     const int64_t row = e / intermediate, col = e % intermediate;
     const __nv_bfloat16* g = gate_up + row * 2 * intermediate;
-    const float act = __bfloat162float(__float2bfloat16_rn(silu(__bfloat162float(g[col]))));
-    out[e] = __float2bfloat16_rn(__fmul_rn(act, __bfloat162float(g[intermediate + col])));
+    out[e] = swiglu_value(g[col], g[intermediate + col]);
   }
 }
 

@@ -4,7 +4,8 @@
 // up projection's (the row order of the stacked weight w_gate_up in model/qwen3.cpp).
 // Rounding points: a = bf16(silu(gate)) (transformers' act_fn on a BF16 tensor), then
 // out = bf16(a * up). silu is core/hd_math.h's, bit-identical on host and device, so the CPU
-// twin (reference.h) agrees bit for bit. No host synchronization.
+// twin (reference.h) agrees bit for bit. No host synchronization. Gemm::run_swiglu runs the
+// same function (swiglu.cuh) as the gate/up GEMV's epilogue where that GEMV runs.
 #pragma once
 
 #include <cuda_bf16.h>

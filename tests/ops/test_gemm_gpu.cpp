@@ -1,5 +1,6 @@
 // The cuBLASLt GEMM plan, the small-batch GEMV and a tuned plan against a double-precision
-// product of the same BF16 inputs.
+// product of the same BF16 inputs; the GEMV's SwiGLU epilogue and Gemm::run_swiglu against the
+// product followed by the SwiGLU kernel, bit for bit.
 // Tolerance: FP32 accumulation of k exact BF16 products in any order is off by at most
 // (k - 1) 2^-24 sum|x w| (the bound of recursive summation), plus, for BF16 output, half a
 // BF16 ulp of the result (2^-9 |y|).
@@ -10,6 +11,7 @@
 #include "fp4kv/ops/gemm.h"
 #include "fp4kv/ops/gemv.h"
 #include "fp4kv/ops/reference.h"
+#include "fp4kv/ops/swiglu.h"
 #include "ops_test_util.h"
 
 namespace fp4kv::ops::test {
@@ -119,6 +121,70 @@ TEST(GemmGpu, GemvPlanMatchesDoubleProduct) {
   EXPECT_FALSE(Gemm(GemmShape{1, 8, 12}).use_gemv());
   check_gemm(GemmShape{1, 6144, 2560, GemmOutput::bf16}, 401, Runner::gemv_plan);
   check_gemm(GemmShape{3, 151, 512, GemmOutput::f32}, 403, Runner::gemv_plan);
+}
+
+// The GEMV with the SwiGLU epilogue gives the bits of the GEMV's BF16 product followed by the
+// SwiGLU kernel (itself bit-identical to its CPU twin, test_ops_gpu.cpp) at every row count it
+// takes and every k-slice count that leaves whole (gate, up) pairs in a CTA: 1 slice (8 rows
+// a CTA, a last CTA with one pair), 2 (Qwen3-4B's gate/up), 4 (2 rows a CTA). Past 4 slices
+// it is refused.
+std::vector<uint16_t> gemv_then_swiglu(const DeviceBuffer<uint16_t>& dx, const DeviceBuffer<uint16_t>& dw, int m,
+                                       int inter, int k) {
+  DeviceBuffer<uint16_t> product(size_t(m) * 2 * inter), act(size_t(m) * inter);
+  gemv(as_bf16(dx), as_bf16(dw), product.get(), false, m, 2 * inter, k, nullptr);
+  swiglu({as_bf16(product), as_bf16(act), m, inter}, nullptr);
+  return act.download();
+}
+
+TEST(GemmGpu, GemvSwigluEqualsGemvThenSwiglu) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_TRUE(gemv_swiglu_supports(8, 5120));   // 4 slices: 2 rows a CTA
+  EXPECT_FALSE(gemv_swiglu_supports(1, 5128));  // 8 slices: 1 row a CTA
+  EXPECT_FALSE(gemv_swiglu_supports(9, 64));
+  uint32_t seed = 501;
+  struct Mlp {
+    int inter, k;
+  };
+  for (int m = 1; m <= kGemvMaxRows; ++m) {
+    for (const Mlp s : {Mlp{5, 8}, Mlp{37, 264}, Mlp{9728, 2560}, Mlp{3, 4096}, Mlp{21, 5120}}) {
+      const auto x = random_bf16(size_t(m) * s.k, 0.0f, 1.0f, seed);
+      const auto w = random_bf16(size_t(2) * s.inter * s.k, 0.0f, 0.05f, seed + 1);
+      seed += 2;
+      DeviceBuffer<uint16_t> dx(x), dw(w), act(size_t(m) * s.inter);
+      gemv_swiglu(as_bf16(dx), as_bf16(dw), as_bf16(act), m, s.inter, s.k, nullptr);
+      ASSERT_EQ(act.download(), gemv_then_swiglu(dx, dw, m, s.inter, s.k))
+          << "m " << m << " intermediate " << s.inter << " k " << s.k;
+    }
+  }
+  DeviceBuffer<uint16_t> x(16), w(2 * 4 * 5128), act(16);
+  EXPECT_THROW(gemv_swiglu(as_bf16(x), as_bf16(w), as_bf16(act), 1, 4, 5128, nullptr), Error);
+}
+
+// Gemm::run_swiglu: the fused kernel with a GEMV plan, the product and the SwiGLU kernel with a
+// cuBLASLt plan (or a GEMV plan whose k leaves one row a CTA); the same bits as run() + swiglu.
+TEST(GemmGpu, RunSwigluEqualsRunThenSwiglu) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 601;
+  for (const GemmShape s : {GemmShape{1, 2 * 9728, 2560}, GemmShape{3, 2 * 37, 264}, GemmShape{2, 2 * 7, 9728},
+                            GemmShape{33, 2 * 96, 256}}) {
+    for (const bool gemv_plan : {false, true}) {
+      const auto x = random_bf16(size_t(s.m) * s.k, 0.0f, 1.0f, seed);
+      const auto w = random_bf16(size_t(s.n) * s.k, 0.0f, 0.05f, seed + 1);
+      seed += 2;
+      Gemm gemm(s);
+      if (gemv_plan && !gemm.use_gemv()) continue;  // m > 8: cuBLASLt only
+      DeviceBuffer<uint16_t> dx(x), dw(w), product(size_t(s.m) * s.n), act(size_t(s.m) * s.n / 2);
+      DeviceBuffer<uint16_t> want_product(size_t(s.m) * s.n), want(size_t(s.m) * s.n / 2);
+      gemm.run_swiglu(as_bf16(dx), as_bf16(dw), as_bf16(product), as_bf16(act), nullptr);
+      gemm.run(as_bf16(dx), as_bf16(dw), as_bf16(want_product), nullptr);
+      swiglu({as_bf16(want_product), as_bf16(want), s.m, s.n / 2}, nullptr);
+      ASSERT_EQ(act.download(), want.download()) << "m " << s.m << " n " << s.n << " k " << s.k << " gemv " << gemv_plan;
+    }
+  }
+  const Gemm f32(GemmShape{1, 8, 8, GemmOutput::f32}), odd(GemmShape{1, 7, 8});
+  DeviceBuffer<uint16_t> x(8), w(64), p(8), act(8);
+  EXPECT_THROW(f32.run_swiglu(as_bf16(x), as_bf16(w), as_bf16(p), as_bf16(act), nullptr), Error);
+  EXPECT_THROW(odd.run_swiglu(as_bf16(x), as_bf16(w), as_bf16(p), as_bf16(act), nullptr), Error);
 }
 
 TEST(GemmGpu, RejectsBadShapesAndMismatchedOutput) {
