@@ -48,8 +48,9 @@ class Gemm {
   // The MLP's gate/up product and its SwiGLU (ops/swiglu.h): w holds the gate rows, then the
   // up rows (n = 2 intermediate); act [m][n / 2]. With the GEMV plan, where gemv_swiglu
   // applies, one kernel (the SwiGLU as the GEMV's epilogue: one kernel boundary less in a
-  // decode step, the product never written); else y = X W^T into `product` [m][n] and
-  // ops::swiglu. The same bits either way. A BF16-output plan with even n only.
+  // decode step, the product never written); else the product X W^T into `product` [m][n]
+  // and ops::swiglu. The same bits either way. A BF16-output plan of even n only (else
+  // fp4kv::Error).
   void run_swiglu(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* product, __nv_bfloat16* act,
                   cudaStream_t stream) const;
 
