@@ -25,8 +25,9 @@
 // the decode kernel waits for the op before it on the stream before reading anything, so
 // its inputs may come from that op. The object owns its workspace, so runs of one object
 // must be ordered (one stream, or joined by events); objects for different layers of one
-// model may share the geometry but not a workspace. Queries and output are BF16 (the model's activations) or
-// FP32 (the reference path and tests); the kernels read and write either type directly.
+// model may share the geometry but not a workspace. Queries and output are BF16 (the
+// model's activations) or FP32 (the reference path and tests); the kernels read and write
+// either type directly.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -13,7 +13,7 @@ struct AppendTarget {
   detail::CacheDims dims;
   detail::CacheMem mem;
   StepPlan plan;
-  detail::StepArgs step;  // layer, block tables, lengths (its k and v are unused here)
+  detail::StepArgs step;  // layer, block tables, lengths; k and v: the rows (the cache's row kernel only)
 };
 
 }  // namespace fp4kv::cache

@@ -35,18 +35,16 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-// Where one head's outputs go: any of them may be null (the value is BF16-exact: all agree).
-// `staged` is the warp's row in shared memory, for the cache append that follows.
+// Where one head's outputs go: either may be null (the value is BF16-exact: both agree). f32
+// is global memory, or the warp's row in shared memory for the cache append that follows.
 struct HeadOut {
   __nv_bfloat16* bf16 = nullptr;
   float* f32 = nullptr;
-  float* staged = nullptr;
 };
 
 __device__ void store(const HeadOut& out, int i, float value) {
   if (out.bf16 != nullptr) out.bf16[i] = __float2bfloat16_rn(value);
   if (out.f32 != nullptr) out.f32[i] = value;
-  if (out.staged != nullptr) out.staged[i] = value;
 }
 
 // Element i = lane + 32 j of a head, j < kMaxPerLane (0 past head_dim), widened.
@@ -225,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_append_kernel(const QkN
     for (int i = 0; i < D / 32; ++i) row.x[i] = __bfloat162float(x[lane * (D / 32) + i]);
   } else {
     HeadOut out;
-    out.staged = staged[warp];
+    out.f32 = staged[warp];
     norm_rope_head(x, h.pc, out, D, a.eps);
     __syncwarp();
 #pragma unroll
@@ -259,6 +257,28 @@ RopeTable make_rope_table(int head_dim, double rope_theta, int positions) {
   return t;
 }
 
+namespace {
+
+// The checks both forms share (messages built only on failure: they run once per layer of a
+// step).
+void check_rope_scalars(const char* who, const QkNormRopeArgs& a) {
+  if (a.rope_positions <= 0)
+    throw Error(std::string(who) + ": rope_positions " + std::to_string(a.rope_positions) + " must be positive");
+  if (!(a.eps >= 0.0f)) throw Error(std::string(who) + ": eps " + std::to_string(a.eps) + " is negative");
+}
+void check_rope_pointers(const char* who, const QkNormRopeArgs& a) {
+  if (!(a.qkv && a.positions && a.q_norm && a.k_norm && a.rope_cos && a.rope_sin && a.q && a.error_flags))
+    throw Error(std::string(who) + ": a device pointer is null");
+}
+
+// One warp per (token, head).
+dim3 job_grid(const QkNormRopeArgs& a) {
+  const int64_t warps = int64_t(a.tokens) * (a.q_heads + 2 * a.kv_heads);
+  return dim3(unsigned((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
+}
+
+}  // namespace
+
 void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   require(a.tokens >= 0, "qk_norm_rope: tokens " + std::to_string(a.tokens) + " is negative");
   require(a.q_heads > 0 && a.kv_heads > 0, "qk_norm_rope: q_heads " + std::to_string(a.q_heads) + " and kv_heads " +
@@ -266,16 +286,11 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   require(a.head_dim > 0 && a.head_dim % 2 == 0 && a.head_dim <= kMaxHeadDim,
           "qk_norm_rope: head_dim " + std::to_string(a.head_dim) + " must be positive, even and at most " +
               std::to_string(kMaxHeadDim));
-  require(a.rope_positions > 0, "qk_norm_rope: rope_positions " + std::to_string(a.rope_positions) +
-                                    " must be positive");
-  require(a.eps >= 0.0f, "qk_norm_rope: eps " + std::to_string(a.eps) + " is negative");
+  check_rope_scalars("qk_norm_rope", a);
   if (a.tokens == 0) return;
-  require(a.qkv && a.positions && a.q_norm && a.k_norm && a.rope_cos && a.rope_sin && a.q && a.k && a.v &&
-              a.error_flags,
-          "qk_norm_rope: a device pointer is null");
-  const int64_t warps = int64_t(a.tokens) * (a.q_heads + 2 * a.kv_heads);
-  const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  cache::launch_dependent(qk_norm_rope_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, a);
+  check_rope_pointers("qk_norm_rope", a);
+  if (!(a.k && a.v)) throw Error("qk_norm_rope: a device pointer is null");
+  cache::launch_dependent(qk_norm_rope_kernel, job_grid(a), dim3(kThreads), 0, stream, a);
   cache::cuda_check_launch("qk_norm_rope");
 }
 
@@ -288,13 +303,9 @@ void qk_norm_rope_append(const QkNormRopeArgs& a, const cache::AppendTarget& tar
           "qk_norm_rope_append: q_heads " + std::to_string(a.q_heads) + ", kv_heads " + std::to_string(a.kv_heads) +
               ", head_dim " + std::to_string(a.head_dim) + " do not fit the cache (" + std::to_string(c.heads) +
               " KV heads of " + std::to_string(c.d) + ", not latent)");
-  require(a.rope_positions > 0, "qk_norm_rope_append: rope_positions " + std::to_string(a.rope_positions) +
-                                    " must be positive");
-  require(a.eps >= 0.0f, "qk_norm_rope_append: eps " + std::to_string(a.eps) + " is negative");
-  require(a.qkv && a.positions && a.q_norm && a.k_norm && a.rope_cos && a.rope_sin && a.q && a.error_flags,
-          "qk_norm_rope_append: a device pointer is null");
-  const int64_t warps = int64_t(a.tokens) * (a.q_heads + 2 * a.kv_heads);
-  const dim3 grid(unsigned((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  check_rope_scalars("qk_norm_rope_append", a);
+  check_rope_pointers("qk_norm_rope_append", a);
+  const dim3 grid = job_grid(a);
   switch (a.head_dim) {
     case 64: cache::launch_dependent(qk_norm_rope_append_kernel<64>, grid, dim3(kThreads), 0, stream, a, target); break;
     case 128: cache::launch_dependent(qk_norm_rope_append_kernel<128>, grid, dim3(kThreads), 0, stream, a, target); break;
