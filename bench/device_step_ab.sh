@@ -3,7 +3,7 @@
 # cpp-httplib there: the CLI without `serve`, enough for the benchmarks). The new tree is this
 # checkout; the base is it with PATCH reversed (PATCH=.devbin/ab.patch, from `git diff BASE >
 # .devbin/ab.patch` here; carry .devbin). Then: the ops and engine GPU tests of the new
-# build (TESTS=0 skips; SANITIZE=1 adds memcheck, and racecheck of the MoE block and the fused QK-norm + append; ATTENTION=1 the decode attention tests;
+# build (TESTS=0 skips; SANITIZE=1 adds memcheck, and racecheck of the MoE block, the fused QK-norm + append and the GEMV; ATTENTION=1 the decode attention tests;
 # CACHE=1 the cache tests), `fp4kv bench gemm` at batch 1-8 (GEMM=0 skips) and `fp4kv bench step` alternated
 # base/new REPS times (default 3), and bench/compare_step.py's median ratios. To $OUT:
 # step_ab.md, step_ab_logs.tgz.
@@ -35,7 +35,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then  # memcheck of the GEMV, the norms, the MoE bl
     2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tail -3)
   (timeout 200 compute-sanitizer --tool memcheck $B/tests/engine/fp4kv_engine_gpu_tests \
     --gtest_filter='*GraphReplay*:*Batched*:*OneRequest*:*DecodeStepsContinue*:*Moe*' 2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tail -3)
-  (timeout 120 compute-sanitizer --tool racecheck $B/tests/ops/fp4kv_ops_gpu_tests --gtest_filter='MoeGpu.*:QkNormRopeAppendGpu.*' \
+  (timeout 120 compute-sanitizer --tool racecheck $B/tests/ops/fp4kv_ops_gpu_tests --gtest_filter='MoeGpu.*:QkNormRopeAppendGpu.*:GemmGpu.Gemv*' \
     2>&1 | grep -E "RACECHECK SUMMARY|PASSED|FAILED" | tail -3)
 fi
 if [ "${CACHE:-0}" = 1 ]; then  # the cache GPU tests (after a change to the control kernel or the planner), memcheck of the control kernel's

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "fp4kv/attention/kernel_args.h"
+#include "fp4kv/cache/bulk_copy.cuh"
 #include "fp4kv/cache/layout.h"
 #include "fp4kv/cache/step_plan.h"
 
@@ -30,9 +31,13 @@ void launch_combine(const CombineArgs& a, cudaStream_t stream);
 
 // ---- PTX wrappers ------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// Bulk copies and mbarriers (cache/bulk_copy.cuh, shared with the engine's ops).
+using cache::bulk_copy_to_shared;
+using cache::mbar_expect_tx;
+using cache::mbar_init;
+using cache::mbar_init_fence;
+using cache::mbar_wait;
+using cache::smem_u32;
 
 // 16-byte async copy global -> shared; src_bytes = 0 writes zeros.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes = 16) {
@@ -44,23 +49,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-// Announces `bytes` of asynchronous copies to `bar` (this thread's arrival included).
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Bulk (TMA) copy of `bytes` (multiple of 16, 16-byte aligned) global -> shared that
-// completes on the mbarrier `bar`; the issuing thread announces the bytes first. The
-// CTA-local shared address is a valid shared::cluster address of this CTA.
-__device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, int bytes, uint32_t bar) {
-  mbar_expect_tx(bar, bytes);
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
@@ -80,19 +68,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
-// Waits until the phase with parity `parity` of `bar` has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
 // D = A * B + C, m16n8k16, FP16 inputs, FP32 accumulate.
 __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(

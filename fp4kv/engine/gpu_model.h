@@ -87,8 +87,8 @@ enum class GemmPlans {
   // logits (so a greedy near-tie). What the benchmarks measure.
   tuned,
   // Our GEMV wherever it applies (batch <= 8), else the heuristic's choice: the GEMV path
-  // without timing (tests, A/B runs). A row's sums are then the same at every batch size up
-  // to 8.
+  // without timing (tests, A/B runs). A row's sums are then the same at every batch size from
+  // 1 to 3 (W staged in shared memory) and from 4 to 8 (W in registers; ops/gemv.h).
   gemv,
 };
 

@@ -1,4 +1,6 @@
-// The small-batch GEMM (gemv.h).
+// The small-batch GEMM (gemv.h): two kernels with one CTA shape, lane-to-chunk map and order
+// of sums, which differ only in where a CTA's W rows wait for X: in registers (gemv_kernel) or
+// staged in shared memory by bulk copies (gemv_staged_kernel).
 #include "fp4kv/ops/gemv.h"
 
 #include <cuda_bf16.h>
@@ -6,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "fp4kv/cache/bulk_copy.cuh"
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/cache/dependent_launch.cuh"
 #include "fp4kv/core/error.h"
@@ -18,6 +21,8 @@ namespace {
 
 constexpr int kWarps = 8;  // warps per CTA: kWarps / slices rows, each in `slices` k-slices
 constexpr int kChunk = kBf16PerLoad;
+
+// Registers: a lane's W loads are issued at once before the producer wait.
 constexpr int kLoadsInFlight = 8;                    // W loads a lane issues before it uses any: 4 KiB per warp
 constexpr int kChunksPerPass = 32 * kLoadsInFlight;  // 16-byte chunks a warp has in flight
 constexpr int kMaxSlices = kWarps;
@@ -26,6 +31,40 @@ constexpr int kMaxSlices = kWarps;
 // fewest slices of at most 5 loads per lane (QKV and gate/up 2, O 4, down 8); fuller slices
 // (8 loads) or more warps with less each were slower.
 constexpr int kSliceChunks = 32 * 5;
+
+// Staged: the CTA's W rows in shared memory, bulk-copied before the producer wait. Measured in
+// the decode step (H100, docs/PERF.md "W staged in shared memory"): faster at 1-3 rows of X,
+// slower at 4 (each pass over shared memory waits for its X loads from L2 again; the register
+// path has one pass), the same at 8.
+constexpr int kStagedMaxXRows = 3;
+constexpr int kStagedCtaRows = 4;                  // W rows a CTA stages, halved while over kStagedCtaBytes
+constexpr int kStagedCtaBytes = 40 << 10;          // (Qwen3-4B: O 4 rows of 8 KiB, down 2 of 19 KiB)
+constexpr int kStagedMaxBytes = 96 << 10;          // a CTA's shared memory for W at most: larger k stays in registers
+constexpr int kStagedChunksPerPass = 4;            // a lane's shared-memory W reads per pass
+// CTAs an SM holds by registers (40 a thread at one row of X, else 64), without spills: the
+// staged CTAs are many and small, so that more of W is in flight before the wait.
+constexpr int staged_min_blocks(int m) { return m == 1 ? 6 : 4; }
+
+// How a GEMV of m rows of X and k columns runs: the kernel, rows of W per CTA, k-slices a row.
+struct GemvLayout {
+  bool staged = false;
+  int cta_rows = 0;
+  int slices = 0;
+  int smem_bytes = 0;  // the staged CTA's W rows
+};
+
+GemvLayout gemv_layout(int m, int k) {
+  const int row_bytes = k * int(sizeof(__nv_bfloat16));
+  if (m <= kStagedMaxXRows && row_bytes <= kStagedMaxBytes) {
+    int rows = kStagedCtaRows;
+    while (rows > 1 && rows * row_bytes > kStagedCtaBytes) rows /= 2;
+    return GemvLayout{true, rows, kWarps / rows, rows * row_bytes};
+  }
+  const int chunks = k / kChunk;
+  int slices = 1;
+  while (slices < kMaxSlices && (chunks + slices - 1) / slices > kSliceChunks) slices *= 2;
+  return GemvLayout{false, kWarps / slices, slices, 0};
+}
 
 // acc[m] += <W chunk, X[m] chunk> for every row m of X; xc points at row 0's chunk, row m's is
 // `chunks` further per row.
@@ -73,10 +112,42 @@ __device__ __forceinline__ float row_sum(const float (&partial)[kWarps][M], int 
   return sum;
 }
 
+// The end of a GEMV CTA: each warp's lane sums over the warp (a butterfly), the row's slices
+// in slice order through shared memory (one barrier), and lane m of the row's first warp
+// writes X row m's output (with the SwiGLU epilogue: the gate row's warps, from the gate and
+// up sums).
+template <int M, GemvOut Out>
+__device__ __forceinline__ void finish_rows(float (&acc)[M], float (&partial)[kWarps][M], int warp, int lane, int slice,
+                                            int slices, int row, int n, void* __restrict__ y) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) partial[warp][m] = acc[m];
+  }
+  __syncthreads();
+  if (slice != 0 || lane >= M || row >= n) return;
+  const int m = lane;  // lane m writes X row m's output
+  const float sum = row_sum<M>(partial, warp, slices, m);
+  if constexpr (Out == GemvOut::f32) {
+    static_cast<float*>(y)[size_t(m) * n + row] = sum;
+  } else if constexpr (Out == GemvOut::bf16) {
+    static_cast<__nv_bfloat16*>(y)[size_t(m) * n + row] = __float2bfloat16_rn(sum);
+  } else {  // the gate row's warps write; its up row's are the next `slices` warps
+    if (row % 2 != 0) return;
+    const float up = row_sum<M>(partial, warp + slices, slices, m);
+    static_cast<__nv_bfloat16*>(y)[size_t(m) * (n / 2) + row / 2] =
+        swiglu_value(__float2bfloat16_rn(sum), __float2bfloat16_rn(up));
+  }
+}
+
 // A CTA owns kWarps / slices consecutive rows (weight_row's order); each row is cut into
 // `slices` equal k-slices of whole 16-byte chunks, one warp each, and a lane owns the chunks
 // lane, lane + 32, ... of its slice. The host picks the fewest slices of at most
-// kSliceChunks (gemv_slices), so at the decode step's shapes every weight load of the kernel
+// kSliceChunks (gemv_layout), so at the decode step's shapes every weight load of the kernel
 // is issued at once, before waiting for X, and the 2560-row matrices run as 1280 or 2560
 // small CTAs instead of 320 of 8 rows (which left a third of the SMs a CTA short). Sums: per
 // lane in k order, a butterfly over the warp, then the row's slices in slice order through
@@ -112,37 +183,80 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (done + 32 * j < left) accumulate_chunk<M>(wv[j], xp + done + 32 * j, chunks, acc);
     }
   }
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+  finish_rows<M, Out>(acc, partial, warp, lane, slice, slices, row, n, y);
+}
+
+// ---- W staged in shared memory ---------------------------------------------------------------
+
+// The GEMV with the CTA's W rows staged in shared memory: thread 0 issues one bulk copy per
+// row, each completing on the row's own mbarrier, before the producer wait, so the CTA's whole
+// share of W is in flight while the ops before it run, however many registers that would take
+// (a CTA holds up to 40 KiB of W; with 40 registers a thread six fit an SM beside the
+// attention's CTAs, against four CTAs of 20 KiB in registers). After the wait each warp waits
+// for its row only, then reads its chunks from shared memory: the same lanes, chunks, order of
+// sums and epilogue as gemv_kernel, so for the same slices the same bits.
+template <int M, GemvOut Out>
+__global__ void __launch_bounds__(kWarps * 32, staged_min_blocks(M))
+    gemv_staged_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                       void* __restrict__ y, int n, int k, int slices) {
+  extern __shared__ __align__(128) uint4 w_rows[];  // [kWarps / slices][k / kChunk]
+  __shared__ float partial[kWarps][M];
+  __shared__ __align__(8) uint64_t row_landed[kWarps];  // one mbarrier per staged row
+  cache::allow_dependents();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int slice = warp % slices, rows_per_cta = kWarps / slices;
+  const int row0 = blockIdx.x * rows_per_cta, row = row0 + warp / slices;
+  const int chunks = k / kChunk;
+  if (threadIdx.x == 0) {
+    const int rows_here = min(rows_per_cta, n - row0);
+    for (int r = 0; r < rows_here; ++r)
+      cache::mbar_init(cache::smem_u32(&row_landed[r]), 1);
+    cache::mbar_init_fence();
+    for (int r = 0; r < rows_here; ++r)
+      cache::bulk_copy_to_shared_evict_first(cache::smem_u32(w_rows + r * chunks),
+                                             w + size_t(weight_row<Out>(row0 + r, n)) * k, chunks * 16,
+                                             cache::smem_u32(&row_landed[r]));
   }
-  if (lane == 0) {
+  __syncthreads();  // the mbarriers are initialized before anyone waits on them
+  const int per_slice = (chunks + slices - 1) / slices;
+  const int first = slice * per_slice + lane;
+  const int left = row < n ? min(chunks - slice * per_slice, per_slice) - lane : 0;
+  const uint4* wp = w_rows + (warp / slices) * chunks + first;
+  const uint4* xp = reinterpret_cast<const uint4*>(x) + first;
+  float acc[M];
 #pragma unroll
-    for (int m = 0; m < M; ++m) partial[warp][m] = acc[m];
+  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  cache::wait_for_producer();
+  if (row < n) cache::mbar_wait(cache::smem_u32(&row_landed[warp / slices]), 0);
+  for (int done = 0; done < left; done += 32 * kStagedChunksPerPass) {
+    uint4 wv[kStagedChunksPerPass];
+#pragma unroll
+    for (int j = 0; j < kStagedChunksPerPass; ++j) {
+      if (done + 32 * j < left) wv[j] = wp[done + 32 * j];
+    }
+#pragma unroll
+    for (int j = 0; j < kStagedChunksPerPass; ++j) {
+      if (done + 32 * j < left) accumulate_chunk<M>(wv[j], xp + done + 32 * j, chunks, acc);
+    }
   }
-  __syncthreads();
-  if (slice != 0 || lane >= M || row >= n) return;
-  const int m = lane;  // lane m writes X row m's output
-  const float sum = row_sum<M>(partial, warp, slices, m);
-  if constexpr (Out == GemvOut::f32) {
-    static_cast<float*>(y)[size_t(m) * n + row] = sum;
-  } else if constexpr (Out == GemvOut::bf16) {
-    static_cast<__nv_bfloat16*>(y)[size_t(m) * n + row] = __float2bfloat16_rn(sum);
-  } else {  // the gate row's warps write; its up row's are the next `slices` warps
-    if (row % 2 != 0) return;
-    const float up = row_sum<M>(partial, warp + slices, slices, m);
-    static_cast<__nv_bfloat16*>(y)[size_t(m) * (n / 2) + row / 2] =
-        swiglu_value(__float2bfloat16_rn(sum), __float2bfloat16_rn(up));
-  }
+  finish_rows<M, Out>(acc, partial, warp, lane, slice, slices, row, n, y);
 }
 
 template <int M, GemvOut Out>
 void launch_rows(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int n, int k, cudaStream_t stream) {
-  const int slices = gemv_slices(k);
-  const int rows_per_cta = kWarps / slices;
-  const dim3 grid((n + rows_per_cta - 1) / rows_per_cta), block(kWarps * 32);
-  cache::launch_dependent(gemv_kernel<M, Out>, grid, block, 0, stream, x, w, y, n, k, slices);
+  const GemvLayout g = gemv_layout(M, k);
+  const dim3 grid((n + g.cta_rows - 1) / g.cta_rows), block(kWarps * 32);
+  if (!g.staged) {
+    cache::launch_dependent(gemv_kernel<M, Out>, grid, block, 0, stream, x, w, y, n, k, g.slices);
+    return;
+  }
+  // Past the default 48 KiB of dynamic shared memory: allowed once per kernel (any launch after
+  // is within it).
+  static const cudaError_t allowed = cudaFuncSetAttribute(
+      gemv_staged_kernel<M, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStagedMaxBytes);
+  cache::cuda_check(allowed, "gemv: shared memory for the staged kernel");
+  cache::launch_dependent(gemv_staged_kernel<M, Out>, grid, block, size_t(g.smem_bytes), stream, x, w, y, n, k,
+                          g.slices);
 }
 
 // The launch for X of m rows (1 <= m <= kGemvMaxRows; others launch nothing).
@@ -164,16 +278,13 @@ void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int m, int 
 
 }  // namespace
 
-int gemv_slices(int k) {
-  const int chunks = k / kChunk;
-  int slices = 1;
-  while (slices < kMaxSlices && (chunks + slices - 1) / slices > kSliceChunks) slices *= 2;
-  return slices;
-}
+int gemv_cta_rows(int m, int k) { return gemv_layout(m, k).cta_rows; }
+
+bool gemv_stages_weights(int m, int k) { return gemv_layout(m, k).staged; }
 
 bool gemv_supports(int m, int k) { return m >= 1 && m <= kGemvMaxRows && k > 0 && k % kGemvKMultiple == 0; }
 
-bool gemv_swiglu_supports(int m, int k) { return gemv_supports(m, k) && (kWarps / gemv_slices(k)) % 2 == 0; }
+bool gemv_swiglu_supports(int m, int k) { return gemv_supports(m, k) && gemv_cta_rows(m, k) % 2 == 0; }
 
 void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f32_out, int m, int n, int k,
           cudaStream_t stream) {

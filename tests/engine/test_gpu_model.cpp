@@ -174,7 +174,8 @@ TEST(GpuModel, BatchedRowsMatchEachRowAlone) {
   // Unequal lengths: rows leave the batch as their sequences end.
   seqs[1].resize(100);
   seqs[2].resize(131);
-  // GEMV plans: every row's sums in the same order whatever the batch (up to 8 rows).
+  // GEMV plans: the serving path at 1-8 rows (its k-slices differ between 1-3 rows, W staged,
+  // and 4-8, W in registers).
   for (const GemmPlans plans : {GemmPlans::heuristic, GemmPlans::gemv}) {
     GpuModelOptions o = small_options(3, 256);
     o.gemm_plans = plans;
@@ -186,7 +187,7 @@ TEST(GpuModel, BatchedRowsMatchEachRowAlone) {
       GpuModel alone(w, parse_recipe("nvfp4"), nullptr, one);
       const std::vector<float> single = engine_logits(alone, seqs[s]);
       // Only the GEMMs' accumulation order may differ with the row count (cuBLASLt picks an
-      // algorithm per shape) and the attention's split plan: BF16-ulp noise, far below the
+      // algorithm per shape, the GEMV its k-slices) and the attention's split plan: BF16-ulp noise, far below the
       // model-vs-reference bounds.
       const Agreement a = compare(single, batched[s], int(seqs[s].size()), w.config().vocab_size);
       std::printf("row %d batched vs alone%s: mean KL %.3g, top-1 %.3f\n", s,

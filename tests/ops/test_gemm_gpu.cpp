@@ -80,23 +80,34 @@ TEST(GemmGpu, LmHeadWithQwen3VocabInFp32) {
   check_gemm(GemmShape{2, 151936, 2560, GemmOutput::f32}, 77);
 }
 
-// The GEMV at every row count it takes, short and Qwen3-4B rows, both outputs; odd n (a
-// partial last CTA) and k of one 16-byte chunk per lane or less.
+// The GEMV at every row count it takes (W staged in shared memory up to 3 rows of X, in
+// registers beyond), short and Qwen3-4B rows, both outputs; odd n (a partial last CTA), k of
+// one 16-byte chunk per lane or less, a staged row past 48 KiB of shared memory and one too
+// long to stage.
 TEST(GemmGpu, GemvMatchesDoubleProduct) {
   SKIP_WITHOUT_GPU();
   EXPECT_FALSE(gemv_supports(9, 64));
   EXPECT_FALSE(gemv_supports(1, 12));
-  EXPECT_EQ(gemv_slices(1280), 1);  // 160 chunks: one warp
-  EXPECT_EQ(gemv_slices(1288), 2);
-  EXPECT_EQ(gemv_slices(4096), 4);
-  EXPECT_EQ(gemv_slices(9728), 8);
-  EXPECT_EQ(gemv_slices(1 << 20), 8);
+  EXPECT_TRUE(gemv_stages_weights(3, 2560));
+  EXPECT_FALSE(gemv_stages_weights(4, 2560));
+  EXPECT_FALSE(gemv_stages_weights(1, 49160));  // a row of 98 KiB
+  EXPECT_EQ(gemv_cta_rows(1, 2560), 4);         // staged: 4 rows, halved past 40 KiB
+  EXPECT_EQ(gemv_cta_rows(1, 4096), 4);
+  EXPECT_EQ(gemv_cta_rows(2, 9728), 2);
+  EXPECT_EQ(gemv_cta_rows(3, 30000), 1);
+  EXPECT_EQ(gemv_cta_rows(4, 1280), 8);  // registers: 160 chunks, one warp a row
+  EXPECT_EQ(gemv_cta_rows(4, 1288), 4);
+  EXPECT_EQ(gemv_cta_rows(4, 4096), 2);
+  EXPECT_EQ(gemv_cta_rows(8, 9728), 1);
+  EXPECT_EQ(gemv_cta_rows(1, 1 << 20), 1);
   uint32_t seed = 101;
   for (int m = 1; m <= kGemvMaxRows; ++m) {
     for (const GemmShape s : {GemmShape{m, 13, 8, GemmOutput::bf16}, GemmShape{m, 37, 264, GemmOutput::f32},
                               GemmShape{m, 6144, 2560, GemmOutput::bf16}, GemmShape{m, 2560, 9728, GemmOutput::bf16},
-                              // k-slices per row: 4 with a last CTA of 1 row of 2, 8 with two passes of loads each
-                              GemmShape{m, 37, 4096, GemmOutput::f32}, GemmShape{m, 5, 17000, GemmOutput::bf16}}) {
+                              // a last CTA of 1 row of 2 or 4; two passes of loads in registers
+                              GemmShape{m, 37, 4096, GemmOutput::f32}, GemmShape{m, 5, 17000, GemmOutput::bf16},
+                              // staged: 59 KiB of shared memory; too long to stage
+                              GemmShape{m, 3, 30000, GemmOutput::bf16}, GemmShape{m, 3, 49160, GemmOutput::f32}}) {
       check_gemm(s, seed, Runner::gemv);
       seed += 2;
     }
@@ -125,9 +136,9 @@ TEST(GemmGpu, GemvPlanMatchesDoubleProduct) {
 
 // The GEMV with the SwiGLU epilogue gives the bits of the GEMV's BF16 product followed by the
 // SwiGLU kernel (itself bit-identical to its CPU twin, test_ops_gpu.cpp) at every row count it
-// takes and every k-slice count that leaves whole (gate, up) pairs in a CTA: 1 slice (8 rows
-// a CTA, a last CTA with one pair), 2 (Qwen3-4B's gate/up), 4 (2 rows a CTA). Past 4 slices
-// it is refused.
+// takes and every CTA shape that holds whole (gate, up) pairs: staged 4 rows (Qwen3-4B's
+// gate/up, a last CTA of one pair) and 2 (k = 9728); in registers 8 rows (1 slice), 4
+// (Qwen3-4B's gate/up) and 2 (4 slices). Shapes that leave one row a CTA are refused.
 std::vector<uint16_t> gemv_then_swiglu(const DeviceBuffer<uint16_t>& dx, const DeviceBuffer<uint16_t>& dw, int m,
                                        int inter, int k) {
   DeviceBuffer<uint16_t> product(size_t(m) * 2 * inter), act(size_t(m) * inter);
@@ -138,26 +149,30 @@ std::vector<uint16_t> gemv_then_swiglu(const DeviceBuffer<uint16_t>& dx, const D
 
 TEST(GemmGpu, GemvSwigluEqualsGemvThenSwiglu) {
   SKIP_WITHOUT_GPU();
-  EXPECT_TRUE(gemv_swiglu_supports(8, 5120));   // 4 slices: 2 rows a CTA
-  EXPECT_FALSE(gemv_swiglu_supports(1, 5128));  // 8 slices: 1 row a CTA
+  EXPECT_TRUE(gemv_swiglu_supports(8, 5120));    // registers, 4 slices: 2 rows a CTA
+  EXPECT_FALSE(gemv_swiglu_supports(4, 5128));   // registers, 8 slices: 1 row a CTA
+  EXPECT_TRUE(gemv_swiglu_supports(1, 9728));    // staged: 2 rows of 19 KiB
+  EXPECT_FALSE(gemv_swiglu_supports(3, 10248));  // staged: 1 row
   EXPECT_FALSE(gemv_swiglu_supports(9, 64));
   uint32_t seed = 501;
   struct Mlp {
     int inter, k;
   };
   for (int m = 1; m <= kGemvMaxRows; ++m) {
-    for (const Mlp s : {Mlp{5, 8}, Mlp{37, 264}, Mlp{9728, 2560}, Mlp{3, 4096}, Mlp{21, 5120}}) {
+    for (const Mlp s : {Mlp{5, 8}, Mlp{37, 264}, Mlp{9728, 2560}, Mlp{3, 4096}, Mlp{21, 5120}, Mlp{7, 9728}}) {
       const auto x = random_bf16(size_t(m) * s.k, 0.0f, 1.0f, seed);
       const auto w = random_bf16(size_t(2) * s.inter * s.k, 0.0f, 0.05f, seed + 1);
       seed += 2;
       DeviceBuffer<uint16_t> dx(x), dw(w), act(size_t(m) * s.inter);
+      if (!gemv_swiglu_supports(m, s.k)) {  // k = 9728 from 4 rows of X on: one row a CTA
+        EXPECT_THROW(gemv_swiglu(as_bf16(dx), as_bf16(dw), as_bf16(act), m, s.inter, s.k, nullptr), Error);
+        continue;
+      }
       gemv_swiglu(as_bf16(dx), as_bf16(dw), as_bf16(act), m, s.inter, s.k, nullptr);
       ASSERT_EQ(act.download(), gemv_then_swiglu(dx, dw, m, s.inter, s.k))
           << "m " << m << " intermediate " << s.inter << " k " << s.k;
     }
   }
-  DeviceBuffer<uint16_t> x(16), w(2 * 4 * 5128), act(16);
-  EXPECT_THROW(gemv_swiglu(as_bf16(x), as_bf16(w), as_bf16(act), 1, 4, 5128, nullptr), Error);
 }
 
 // Gemm::run_swiglu: the fused kernel with a GEMV plan, the product and the SwiGLU kernel with a
