@@ -34,8 +34,8 @@ constexpr int kSliceChunks = 32 * 5;
 
 // Staged: the CTA's W rows in shared memory, bulk-copied before the producer wait. Measured in
 // the decode step (H100, docs/PERF.md "W staged in shared memory"): faster at 1-3 rows of X,
-// slower at 4 (each pass over shared memory waits for its X loads from L2 again; the register
-// path has one pass), the same at 8.
+// slower at 4 (each of a lane's passes over its 8-19 staged chunks waits for that pass's X
+// loads from L2; the register path has one pass of at most 5), the same at 8.
 constexpr int kStagedMaxXRows = 3;
 constexpr int kStagedCtaRows = 4;                  // W rows a CTA stages, halved while over kStagedCtaBytes
 constexpr int kStagedCtaBytes = 40 << 10;          // (Qwen3-4B: O 4 rows of 8 KiB, down 2 of 19 KiB)
@@ -103,6 +103,20 @@ __device__ __forceinline__ int weight_row(int v, int n) {
   else return v;
 }
 
+// A warp's share of its CTA's rows: W row `row` (the CTA's rows are kWarps / slices
+// consecutive rows, `slices` warps each), k-slice `slice` of it, and its lane's chunks
+// first, first + 32, ... below first + left (none for rows past n).
+struct WarpSlice {
+  int lane, warp, slice, row, chunks, first, left;
+  __device__ __forceinline__ WarpSlice(int n, int k, int slices)
+      : lane(threadIdx.x % 32), warp(threadIdx.x / 32), slice(warp % slices),
+        row(blockIdx.x * (kWarps / slices) + warp / slices), chunks(k / kChunk) {
+    const int per_slice = (chunks + slices - 1) / slices;
+    first = slice * per_slice + lane;
+    left = row < n ? min(chunks - slice * per_slice, per_slice) - lane : 0;
+  }
+};
+
 // X row m's dot product with W row `row`: its warps' partials (row-major in the CTA, one
 // per slice) in slice order.
 template <int M>
@@ -117,20 +131,21 @@ __device__ __forceinline__ float row_sum(const float (&partial)[kWarps][M], int 
 // writes X row m's output (with the SwiGLU epilogue: the gate row's warps, from the gate and
 // up sums).
 template <int M, GemvOut Out>
-__device__ __forceinline__ void finish_rows(float (&acc)[M], float (&partial)[kWarps][M], int warp, int lane, int slice,
-                                            int slices, int row, int n, void* __restrict__ y) {
+__device__ __forceinline__ void finish_rows(float (&acc)[M], float (&partial)[kWarps][M], const WarpSlice& ws,
+                                            int slices, int n, void* __restrict__ y) {
+  const int warp = ws.warp, row = ws.row;
 #pragma unroll
   for (int m = 0; m < M; ++m) {
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
   }
-  if (lane == 0) {
+  if (ws.lane == 0) {
 #pragma unroll
     for (int m = 0; m < M; ++m) partial[warp][m] = acc[m];
   }
   __syncthreads();
-  if (slice != 0 || lane >= M || row >= n) return;
-  const int m = lane;  // lane m writes X row m's output
+  if (ws.slice != 0 || ws.lane >= M || row >= n) return;
+  const int m = ws.lane;  // lane m writes X row m's output
   const float sum = row_sum<M>(partial, warp, slices, m);
   if constexpr (Out == GemvOut::f32) {
     static_cast<float*>(y)[size_t(m) * n + row] = sum;
@@ -160,30 +175,24 @@ __global__ void __launch_bounds__(kWarps * 32)
                 int k, int slices) {
   __shared__ float partial[kWarps][M];
   cache::allow_dependents();  // the next op (a norm, SwiGLU, QK-norm + RoPE, the down GEMV) may set up its grid
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int slice = warp % slices;
-  const int row = blockIdx.x * (kWarps / slices) + warp / slices;
-  const int chunks = k / kChunk;
-  const int per_slice = (chunks + slices - 1) / slices;
-  const int first = slice * per_slice + lane;
-  // This lane's chunks are wp[0], wp[32], ... below wp[left] (none for rows past n).
-  const int left = row < n ? min(chunks - slice * per_slice, per_slice) - lane : 0;
-  const uint4* wp = reinterpret_cast<const uint4*>(w + size_t(row < n ? weight_row<Out>(row, n) : 0) * k) + first;
-  const uint4* xp = reinterpret_cast<const uint4*>(x) + first;
+  const WarpSlice ws(n, k, slices);
+  const uint4* wp =
+      reinterpret_cast<const uint4*>(w + size_t(ws.row < n ? weight_row<Out>(ws.row, n) : 0) * k) + ws.first;
+  const uint4* xp = reinterpret_cast<const uint4*>(x) + ws.first;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
   uint4 wv[kLoadsInFlight];
-  load_w(wp, left, wv);
+  load_w(wp, ws.left, wv);
   cache::wait_for_producer();
-  for (int done = 0; done < left; done += kChunksPerPass) {
-    if (done != 0) load_w(wp + done, left - done, wv);
+  for (int done = 0; done < ws.left; done += kChunksPerPass) {
+    if (done != 0) load_w(wp + done, ws.left - done, wv);
 #pragma unroll
     for (int j = 0; j < kLoadsInFlight; ++j) {
-      if (done + 32 * j < left) accumulate_chunk<M>(wv[j], xp + done + 32 * j, chunks, acc);
+      if (done + 32 * j < ws.left) accumulate_chunk<M>(wv[j], xp + done + 32 * j, ws.chunks, acc);
     }
   }
-  finish_rows<M, Out>(acc, partial, warp, lane, slice, slices, row, n, y);
+  finish_rows<M, Out>(acc, partial, ws, slices, n, y);
 }
 
 // ---- W staged in shared memory ---------------------------------------------------------------
@@ -203,60 +212,55 @@ __global__ void __launch_bounds__(kWarps * 32, staged_min_blocks(M))
   __shared__ float partial[kWarps][M];
   __shared__ __align__(8) uint64_t row_landed[kWarps];  // one mbarrier per staged row
   cache::allow_dependents();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int slice = warp % slices, rows_per_cta = kWarps / slices;
-  const int row0 = blockIdx.x * rows_per_cta, row = row0 + warp / slices;
-  const int chunks = k / kChunk;
+  const WarpSlice ws(n, k, slices);
+  const int cta_rows = kWarps / slices, row0 = blockIdx.x * cta_rows;
   if (threadIdx.x == 0) {
-    const int rows_here = min(rows_per_cta, n - row0);
-    for (int r = 0; r < rows_here; ++r)
-      cache::mbar_init(cache::smem_u32(&row_landed[r]), 1);
+    const int rows_here = min(cta_rows, n - row0);
+    for (int r = 0; r < rows_here; ++r) cache::mbar_init(cache::smem_u32(&row_landed[r]), 1);
     cache::mbar_init_fence();
     for (int r = 0; r < rows_here; ++r)
-      cache::bulk_copy_to_shared_evict_first(cache::smem_u32(w_rows + r * chunks),
-                                             w + size_t(weight_row<Out>(row0 + r, n)) * k, chunks * 16,
+      cache::bulk_copy_to_shared_evict_first(cache::smem_u32(w_rows + r * ws.chunks),
+                                             w + size_t(weight_row<Out>(row0 + r, n)) * k, ws.chunks * 16,
                                              cache::smem_u32(&row_landed[r]));
   }
   __syncthreads();  // the mbarriers are initialized before anyone waits on them
-  const int per_slice = (chunks + slices - 1) / slices;
-  const int first = slice * per_slice + lane;
-  const int left = row < n ? min(chunks - slice * per_slice, per_slice) - lane : 0;
-  const uint4* wp = w_rows + (warp / slices) * chunks + first;
-  const uint4* xp = reinterpret_cast<const uint4*>(x) + first;
+  const uint4* wp = w_rows + (ws.warp / slices) * ws.chunks + ws.first;
+  const uint4* xp = reinterpret_cast<const uint4*>(x) + ws.first;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
   cache::wait_for_producer();
-  if (row < n) cache::mbar_wait(cache::smem_u32(&row_landed[warp / slices]), 0);
-  for (int done = 0; done < left; done += 32 * kStagedChunksPerPass) {
+  if (ws.row < n) cache::mbar_wait(cache::smem_u32(&row_landed[ws.warp / slices]), 0);
+  for (int done = 0; done < ws.left; done += 32 * kStagedChunksPerPass) {
     uint4 wv[kStagedChunksPerPass];
 #pragma unroll
     for (int j = 0; j < kStagedChunksPerPass; ++j) {
-      if (done + 32 * j < left) wv[j] = wp[done + 32 * j];
+      if (done + 32 * j < ws.left) wv[j] = wp[done + 32 * j];
     }
 #pragma unroll
     for (int j = 0; j < kStagedChunksPerPass; ++j) {
-      if (done + 32 * j < left) accumulate_chunk<M>(wv[j], xp + done + 32 * j, chunks, acc);
+      if (done + 32 * j < ws.left) accumulate_chunk<M>(wv[j], xp + done + 32 * j, ws.chunks, acc);
     }
   }
-  finish_rows<M, Out>(acc, partial, warp, lane, slice, slices, row, n, y);
+  finish_rows<M, Out>(acc, partial, ws, slices, n, y);
 }
 
 template <int M, GemvOut Out>
 void launch_rows(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int n, int k, cudaStream_t stream) {
   const GemvLayout g = gemv_layout(M, k);
   const dim3 grid((n + g.cta_rows - 1) / g.cta_rows), block(kWarps * 32);
-  if (!g.staged) {
-    cache::launch_dependent(gemv_kernel<M, Out>, grid, block, 0, stream, x, w, y, n, k, g.slices);
-    return;
+  if constexpr (M <= kStagedMaxXRows) {
+    if (g.staged) {
+      // Past the default 48 KiB of dynamic shared memory: allowed once per kernel.
+      static const cudaError_t allowed = cudaFuncSetAttribute(
+          gemv_staged_kernel<M, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStagedMaxBytes);
+      cache::cuda_check(allowed, "gemv: shared memory for the staged kernel");
+      cache::launch_dependent(gemv_staged_kernel<M, Out>, grid, block, size_t(g.smem_bytes), stream, x, w, y, n, k,
+                              g.slices);
+      return;
+    }
   }
-  // Past the default 48 KiB of dynamic shared memory: allowed once per kernel (any launch after
-  // is within it).
-  static const cudaError_t allowed = cudaFuncSetAttribute(
-      gemv_staged_kernel<M, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStagedMaxBytes);
-  cache::cuda_check(allowed, "gemv: shared memory for the staged kernel");
-  cache::launch_dependent(gemv_staged_kernel<M, Out>, grid, block, size_t(g.smem_bytes), stream, x, w, y, n, k,
-                          g.slices);
+  cache::launch_dependent(gemv_kernel<M, Out>, grid, block, 0, stream, x, w, y, n, k, g.slices);
 }
 
 // The launch for X of m rows (1 <= m <= kGemvMaxRows; others launch nothing).
