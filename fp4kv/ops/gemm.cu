@@ -121,6 +121,7 @@ int Gemm::tune(const __nv_bfloat16* x, const std::vector<const __nv_bfloat16*>& 
     }
     algo_ = candidates_[best];
     if (gemv_supports(shape_.m, shape_.k)) {
+      gemv_prepare(shape_.m, shape_.k);
       use_gemv_ = true;
       if (time_ms() < best_ms) best = kTunedGemv;
       else use_gemv_ = false;
@@ -139,6 +140,7 @@ int Gemm::tune(const __nv_bfloat16* x, const std::vector<const __nv_bfloat16*>& 
 
 bool Gemm::use_gemv() {
   use_gemv_ = gemv_supports(shape_.m, shape_.k);
+  if (use_gemv_) gemv_prepare(shape_.m, shape_.k);  // before any capture of a launch
   return use_gemv_;
 }
 

@@ -11,6 +11,7 @@
 #include "fp4kv/cache/bulk_copy.cuh"
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/cache/dependent_launch.cuh"
+#include "fp4kv/cache/once_per_device.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/ops/bf16x8.cuh"
 #include "fp4kv/ops/swiglu.cuh"
@@ -245,16 +246,32 @@ __global__ void __launch_bounds__(kWarps * 32, staged_min_blocks(M))
   finish_rows<M, Out>(acc, partial, ws, slices, n, y);
 }
 
+// The staged kernel's shared memory past the default 48 KiB: a per-device kernel attribute,
+// which a stream capture cannot set, so gemv_prepare sets it ahead of any capture (and an eager
+// launch on first use).
+constexpr int kDefaultDynamicSmem = 48 << 10;
+template <int M, GemvOut Out>
+cudaError_t allow_staged_smem() {
+  return cudaFuncSetAttribute(gemv_staged_kernel<M, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStagedMaxBytes);
+}
+template <int M, GemvOut Out>
+void reserve_staged_smem() {
+  cache::cuda_check(cache::once_per_device<allow_staged_smem<M, Out>>(), "gemv: reserve shared memory");
+}
+template <int M>
+void reserve_staged_smem_all_outputs() {
+  reserve_staged_smem<M, GemvOut::bf16>();
+  reserve_staged_smem<M, GemvOut::f32>();
+  reserve_staged_smem<M, GemvOut::swiglu>();
+}
+
 template <int M, GemvOut Out>
 void launch_rows(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int n, int k, cudaStream_t stream) {
   const GemvLayout g = gemv_layout(M, k);
   const dim3 grid((n + g.cta_rows - 1) / g.cta_rows), block(kWarps * 32);
   if constexpr (M <= kStagedMaxXRows) {
     if (g.staged) {
-      // Past the default 48 KiB of dynamic shared memory: allowed once per kernel.
-      static const cudaError_t allowed = cudaFuncSetAttribute(
-          gemv_staged_kernel<M, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStagedMaxBytes);
-      cache::cuda_check(allowed, "gemv: shared memory for the staged kernel");
+      if (g.smem_bytes > kDefaultDynamicSmem) reserve_staged_smem<M, Out>();
       cache::launch_dependent(gemv_staged_kernel<M, Out>, grid, block, size_t(g.smem_bytes), stream, x, w, y, n, k,
                               g.slices);
       return;
@@ -285,6 +302,18 @@ void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int m, int 
 int gemv_cta_rows(int m, int k) { return gemv_layout(m, k).cta_rows; }
 
 bool gemv_stages_weights(int m, int k) { return gemv_layout(m, k).staged; }
+
+void gemv_prepare(int m, int k) {
+  const GemvLayout g = gemv_layout(m, k);
+  if (!g.staged || g.smem_bytes <= kDefaultDynamicSmem) return;
+  static_assert(kStagedMaxXRows == 3, "one case per staged row count of X");
+  switch (m) {
+    case 1: reserve_staged_smem_all_outputs<1>(); break;
+    case 2: reserve_staged_smem_all_outputs<2>(); break;
+    case 3: reserve_staged_smem_all_outputs<3>(); break;
+    default: break;
+  }
+}
 
 bool gemv_supports(int m, int k) { return m >= 1 && m <= kGemvMaxRows && k > 0 && k % kGemvKMultiple == 0; }
 

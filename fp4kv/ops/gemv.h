@@ -32,6 +32,12 @@ bool gemv_supports(int m, int k);
 int gemv_cta_rows(int m, int k);
 // Whether the CTAs stage their W rows in shared memory (m <= 3 and a row of at most 96 KiB).
 bool gemv_stages_weights(int m, int k);
+// Reserves on the current device the shared memory the GEMV of m rows and k columns needs
+// past the default 48 KiB (a staged row of over 48 KiB: k > 24576): a kernel attribute, which
+// a stream capture cannot set. Call it outside any capture before capturing such a launch
+// (Gemm::use_gemv and Gemm::tune do); an eager launch sets it on first use. Throws
+// fp4kv::Error if the device refuses.
+void gemv_prepare(int m, int k);
 // y is __nv_bfloat16* or float* as `f32_out` says.
 void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool f32_out, int m, int n, int k,
           cudaStream_t stream);

@@ -134,6 +134,35 @@ TEST(GemmGpu, GemvPlanMatchesDoubleProduct) {
   check_gemm(GemmShape{3, 151, 512, GemmOutput::f32}, 403, Runner::gemv_plan);
 }
 
+// A GEMV plan whose staged rows need more than the default 48 KiB of shared memory (k = 30000
+// at 2 rows of X: one row of 59 KiB a CTA) runs inside a captured CUDA graph: use_gemv()
+// reserves that memory before the capture, which could not. The replay gives the eager bits.
+TEST(GemmGpu, GemvPlanPastDefaultSharedMemoryIsCapturable) {
+  SKIP_WITHOUT_GPU();
+  const GemmShape s{2, 7, 30000, GemmOutput::f32};
+  ASSERT_TRUE(gemv_stages_weights(s.m, s.k));
+  DeviceBuffer<uint16_t> dx(random_bf16(size_t(s.m) * s.k, 0.0f, 1.0f, 701));
+  DeviceBuffer<uint16_t> dw(random_bf16(size_t(s.n) * s.k, 0.0f, 0.05f, 702));
+  DeviceBuffer<float> replayed(size_t(s.m) * s.n), eager(size_t(s.m) * s.n);
+  Gemm gemm(s);
+  ASSERT_TRUE(gemm.use_gemv());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  gemm.run(as_bf16(dx), as_bf16(dw), replayed.get(), stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  gemm.run(as_bf16(dx), as_bf16(dw), eager.get(), stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(replayed.download(), eager.download());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 // The GEMV with the SwiGLU epilogue gives the bits of the GEMV's BF16 product followed by the
 // SwiGLU kernel (itself bit-identical to its CPU twin, test_ops_gpu.cpp) at every row count it
 // takes and every CTA shape that holds whole (gate, up) pairs: staged 4 rows (Qwen3-4B's
