@@ -46,12 +46,13 @@ constexpr int kStagedChunksPerPass = 4;            // a lane's shared-memory W r
 // staged CTAs are many and small, so that more of W is in flight before the wait.
 constexpr int staged_min_blocks(int m) { return m == 1 ? 6 : 4; }
 
-// How a GEMV of m rows of X and k columns runs: the kernel, rows of W per CTA, k-slices a row.
+// How a GEMV of m rows of X and k columns runs: the kernel and the rows of W per CTA (each
+// cut into kWarps / cta_rows k-slices).
 struct GemvLayout {
   bool staged = false;
   int cta_rows = 0;
-  int slices = 0;
   int smem_bytes = 0;  // the staged CTA's W rows
+  int slices() const { return kWarps / cta_rows; }
 };
 
 GemvLayout gemv_layout(int m, int k) {
@@ -59,12 +60,12 @@ GemvLayout gemv_layout(int m, int k) {
   if (m <= kStagedMaxXRows && row_bytes <= kStagedMaxBytes) {
     int rows = kStagedCtaRows;
     while (rows > 1 && rows * row_bytes > kStagedCtaBytes) rows /= 2;
-    return GemvLayout{true, rows, kWarps / rows, rows * row_bytes};
+    return GemvLayout{true, rows, rows * row_bytes};
   }
   const int chunks = k / kChunk;
   int slices = 1;
   while (slices < kMaxSlices && (chunks + slices - 1) / slices > kSliceChunks) slices *= 2;
-  return GemvLayout{false, kWarps / slices, slices, 0};
+  return GemvLayout{false, kWarps / slices, 0};
 }
 
 // acc[m] += <W chunk, X[m] chunk> for every row m of X; xc points at row 0's chunk, row m's is
@@ -273,11 +274,11 @@ void launch_rows(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int n,
     if (g.staged) {
       if (g.smem_bytes > kDefaultDynamicSmem) reserve_staged_smem<M, Out>();
       cache::launch_dependent(gemv_staged_kernel<M, Out>, grid, block, size_t(g.smem_bytes), stream, x, w, y, n, k,
-                              g.slices);
+                              g.slices());
       return;
     }
   }
-  cache::launch_dependent(gemv_kernel<M, Out>, grid, block, 0, stream, x, w, y, n, k, g.slices);
+  cache::launch_dependent(gemv_kernel<M, Out>, grid, block, 0, stream, x, w, y, n, k, g.slices());
 }
 
 // The launch for X of m rows (1 <= m <= kGemvMaxRows; others launch nothing).

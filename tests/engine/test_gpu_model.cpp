@@ -187,8 +187,8 @@ TEST(GpuModel, BatchedRowsMatchEachRowAlone) {
       GpuModel alone(w, parse_recipe("nvfp4"), nullptr, one);
       const std::vector<float> single = engine_logits(alone, seqs[s]);
       // Only the GEMMs' accumulation order may differ with the row count (cuBLASLt picks an
-      // algorithm per shape, the GEMV its k-slices) and the attention's split plan: BF16-ulp noise, far below the
-      // model-vs-reference bounds.
+      // algorithm per shape, the GEMV its k-slices) and the attention's split plan: BF16-ulp
+      // noise, far below the model-vs-reference bounds.
       const Agreement a = compare(single, batched[s], int(seqs[s].size()), w.config().vocab_size);
       std::printf("row %d batched vs alone%s: mean KL %.3g, top-1 %.3f\n", s,
                   plans == GemmPlans::gemv ? " (GEMV plans)" : "", a.mean_kl, a.top1);
