@@ -3,10 +3,11 @@
 # cpp-httplib there: the CLI without `serve`, enough for the benchmarks). The new tree is this
 # checkout; the base is it with PATCH reversed (PATCH=.devbin/ab.patch, from `git diff BASE >
 # .devbin/ab.patch` here; carry .devbin). Then: the ops and engine GPU tests of the new
-# build (TESTS=0 skips; SANITIZE=1 adds memcheck, and racecheck of the MoE block, the fused QK-norm + append and the GEMV; ATTENTION=1 the decode attention tests;
-# CACHE=1 the cache tests), `fp4kv bench gemm` at batch 1-8 (GEMM=0 skips) and `fp4kv bench step` alternated
-# base/new REPS times (default 3), and bench/compare_step.py's median ratios. To $OUT:
-# step_ab.md, step_ab_logs.tgz.
+# build (TESTS=0 skips; SANITIZE=1 adds memcheck, and racecheck of the MoE block, the fused QK-norm + append and the GEMV; ATTENTION=1 the decode attention tests,
+# with SANITIZE=1 their memcheck and racecheck; CACHE=1 the cache tests), `fp4kv bench gemm` at batch 1-8 (GEMM=0
+# skips), `fp4kv bench step` alternated base/new REPS times (default 3; STEP=0 skips), bench/compare_step.py's median
+# ratios, and with DECODE_CONTEXTS=4096,131072 the decode sweep alternated likewise (bench/compare_sweeps.py). To
+# $OUT: step_ab.md, step_ab_logs.tgz, decode_ab.md.
 #   REPS=3 [MODEL=qwen3-30b-a3b:random] [TPOT_CONTEXTS=262144] [GENERATE=1] bash bench/device_step_ab.sh
 set -o pipefail
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -44,9 +45,16 @@ if [ "${CACHE:-0}" = 1 ]; then  # the cache GPU tests (after a change to the con
   (timeout 120 compute-sanitizer --tool memcheck $B/tests/cache/fp4kv_cache_tests --gtest_filter='ControlKernel.*' \
     2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | tail -3)
 fi
-if [ "${ATTENTION:-0}" = 1 ]; then  # the decode attention tests (after a change to the decode or combine kernels)
+if [ "${ATTENTION:-0}" = 1 ]; then  # the decode attention tests (after a change to the decode kernel)
   (timeout 200 $B/tests/attention/fp4kv_attention_tests > /tmp/ab-logs/attention_tests.log 2>&1); echo "attention tests rc=$?"
-  tail -1 /tmp/ab-logs/attention_tests.log
+  tail -1 /tmp/ab-logs/attention_tests.log; grep -E "^\[  FAILED|Failure" /tmp/ab-logs/attention_tests.log | head -5
+  if [ "${SANITIZE:-0}" = 1 ]; then  # memcheck and racecheck of the decode kernel: short, long, mixed rows, head dims
+    F='DecodeAttention.*:Small/*:MixedLengths/*:HeadDims/*:Bf16/*'
+    for tool in memcheck racecheck; do
+      (timeout 240 compute-sanitizer --tool $tool $B/tests/attention/fp4kv_attention_tests --gtest_filter="$F" \
+        2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" | tail -3)
+    done
+  fi
 fi
 MODEL=${MODEL:-qwen3-4b:random}  # every benchmark below runs this model shape
 GEMM_ARGS="bench gemm --model $MODEL --batches ${GEMM_BATCHES:-1,4,8}"
@@ -57,10 +65,24 @@ for rep in $(seq 1 "$REPS"); do
       timeout 150 /tmp/ab-build-$side/bin/fp4kv $GEMM_ARGS --json /tmp/ab-logs/gemm_${side}_$rep.json > /tmp/ab-logs/gemm_${side}_$rep.log 2>&1
       echo "gemm $side $rep rc=$?"
     fi
+    [ "${STEP:-1}" = 1 ] || continue
     timeout 200 /tmp/ab-build-$side/bin/fp4kv $STEP_ARGS --json /tmp/ab-logs/step_${side}_$rep.json > /tmp/ab-logs/step_${side}_$rep.log 2>&1
     echo "step $side $rep rc=$?"
   done
 done
+if [ -n "$DECODE_CONTEXTS" ]; then  # the decode attention sweep, alternated base/new REPS times
+  PAIRS=()
+  for rep in $(seq 1 "$REPS"); do
+    for side in base new; do
+      timeout 200 /tmp/ab-build-$side/bin/fp4kv bench decode --contexts "$DECODE_CONTEXTS" --batches "${DECODE_BATCHES:-1,8,64}" \
+        --presets "${DECODE_PRESETS:-bf16,fp8,nvfp4,mxfp4,nvfp4-native}" --runs 15 --json /tmp/ab-logs/decode_${side}_$rep.json \
+        > /tmp/ab-logs/decode_${side}_$rep.log 2>&1
+      echo "decode $side $rep rc=$?"
+    done
+    PAIRS+=(/tmp/ab-logs/decode_base_$rep.json /tmp/ab-logs/decode_new_$rep.json)
+  done
+  python3 bench/compare_sweeps.py "${PAIRS[@]}" > "$OUT"/decode_ab.md; tail -40 "$OUT"/decode_ab.md
+fi
 if [ -n "$TPOT_CONTEXTS" ]; then  # bench e2e's TPOT (bf16 and nvfp4, batch 1), once per side
   for side in base new; do
     timeout 240 /tmp/ab-build-$side/bin/fp4kv bench e2e --model $MODEL --parts tpot --presets bf16,nvfp4 \
@@ -74,5 +96,7 @@ if [ -n "$GENERATE" ]; then  # fp4kv generate's default path (untuned plans): it
       --max-tokens 128 --seed 1 2>&1 >/dev/null | grep -iE 'per output token|tokens/s' | tr '\n' ' ')"
   done; done
 fi
-python3 bench/compare_step.py /tmp/ab-logs "$REPS" > "$OUT"/step_ab.md; cat "$OUT"/step_ab.md
+if [ "${STEP:-1}" = 1 ]; then
+  python3 bench/compare_step.py /tmp/ab-logs "$REPS" > "$OUT"/step_ab.md; cat "$OUT"/step_ab.md
+fi
 tar -C /tmp -czf "$OUT"/step_ab_logs.tgz ab-logs

@@ -427,6 +427,45 @@ TEST(DecodeAttention, GraphReplayEqualsEager) {
   cudaStreamDestroy(s);
 }
 
+// Runs of one object reuse its workspace of partials: alternating between two split plans
+// (the planner's and one page per split, so the number of partials per row changes every
+// run), each output poisoned before, every run must give its plan's first result bit for
+// bit (no partial of an earlier run is merged, every output is written).
+TEST(DecodeAttention, RunsWithOtherSplitPlansBetweenThemGiveTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.recipe = "nvfp4";
+  c.lens = {129, 2000, 17, 700, 1};
+  c.max_splits = 16;
+  c.run_reference = false;
+  HostStepPlan planned(5, c.max_splits), one_page(5, c.max_splits);
+  const Built B = build(c, &planned);
+  one_page.fill(std::vector<int>(c.lens.begin(), c.lens.end()), B.r, c.kv_heads, 1, B.slot_of_row);
+  DeviceCase D(B, c.d, c.kv_heads);
+  attention::DecodeAttention attn(D.geometry, B.r, D.capacity(B, c.max_splits));
+  const attention::DecodeStep steps[2] = {D.step(B, planned), D.step(B, one_page)};
+  std::vector<float> first_out[2], first_lse[2];
+  for (int run = 0; run < 12; ++run) {
+    const int which = run % 2;
+    D.poison();
+    attn.run(steps[which], D.layer, D.q.get(), D.out.get(), D.lse.get());
+    auto out = D.out.download(), lse = D.lse.download();
+    for (float x : out) ASSERT_TRUE(std::isfinite(x)) << "run " << run << ": an output was never written";
+    if (run < 2) {
+      first_out[which] = std::move(out);
+      first_lse[which] = std::move(lse);
+      continue;
+    }
+    ASSERT_EQ(out, first_out[which]) << "run " << run;
+    ASSERT_EQ(lse, first_lse[which]) << "run " << run;
+  }
+  // The two plans merge different partials: each within kMixedTol of the reference, so of
+  // each other within twice that.
+  double mr = 0, ml = 0;
+  compare(first_out[1], first_lse[1], first_out[0], first_lse[0], B.seq, B.q_heads, c.d, mr, ml, nullptr);
+  EXPECT_LT(mr, 2 * kMixedTol);
+}
+
 // run checks the step against the capacity and the layer view against the recipe; each bad
 // argument throws before anything is enqueued.
 TEST(DecodeAttention, RunRejectsStepsOutsideTheCapacity) {
