@@ -105,14 +105,14 @@ __device__ __forceinline__ int weight_row(int v, int n) {
   else return v;
 }
 
-// A warp's share of its CTA's rows: W row `row` (the CTA's rows are kWarps / slices
-// consecutive rows, `slices` warps each), k-slice `slice` of it, and its lane's chunks
-// first, first + 32, ... below first + left (none for rows past n).
+// A warp's share of its CTA's rows: the CTA's row `cta_row` (its rows are kWarps / slices
+// consecutive rows from row0, `slices` warps each), W row `row`, k-slice `slice` of it, and
+// its lane's chunks first, first + 32, ... below first + left (none for rows past n).
 struct WarpSlice {
-  int lane, warp, slice, row, chunks, first, left;
+  int lane, warp, slice, cta_row, row0, row, chunks, first, left;
   __device__ __forceinline__ WarpSlice(int n, int k, int slices)
-      : lane(threadIdx.x % 32), warp(threadIdx.x / 32), slice(warp % slices),
-        row(blockIdx.x * (kWarps / slices) + warp / slices), chunks(k / kChunk) {
+      : lane(threadIdx.x % 32), warp(threadIdx.x / 32), slice(warp % slices), cta_row(warp / slices),
+        row0(blockIdx.x * (kWarps / slices)), row(row0 + cta_row), chunks(k / kChunk) {
     const int per_slice = (chunks + slices - 1) / slices;
     first = slice * per_slice + lane;
     left = row < n ? min(chunks - slice * per_slice, per_slice) - lane : 0;
@@ -215,24 +215,23 @@ __global__ void __launch_bounds__(kWarps * 32, staged_min_blocks(M))
   __shared__ __align__(8) uint64_t row_landed[kWarps];  // one mbarrier per staged row
   cache::allow_dependents();
   const WarpSlice ws(n, k, slices);
-  const int cta_rows = kWarps / slices, row0 = blockIdx.x * cta_rows;
   if (threadIdx.x == 0) {
-    const int rows_here = min(cta_rows, n - row0);
+    const int rows_here = min(kWarps / slices, n - ws.row0);
     for (int r = 0; r < rows_here; ++r) cache::mbar_init(cache::smem_u32(&row_landed[r]), 1);
     cache::mbar_init_fence();
     for (int r = 0; r < rows_here; ++r)
       cache::bulk_copy_to_shared_evict_first(cache::smem_u32(w_rows + r * ws.chunks),
-                                             w + size_t(weight_row<Out>(row0 + r, n)) * k, ws.chunks * 16,
+                                             w + size_t(weight_row<Out>(ws.row0 + r, n)) * k, ws.chunks * 16,
                                              cache::smem_u32(&row_landed[r]));
   }
   __syncthreads();  // the mbarriers are initialized before anyone waits on them
-  const uint4* wp = w_rows + (ws.warp / slices) * ws.chunks + ws.first;
+  const uint4* wp = w_rows + ws.cta_row * ws.chunks + ws.first;
   const uint4* xp = reinterpret_cast<const uint4*>(x) + ws.first;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
   cache::wait_for_producer();
-  if (ws.row < n) cache::mbar_wait(cache::smem_u32(&row_landed[ws.warp / slices]), 0);
+  if (ws.row < n) cache::mbar_wait(cache::smem_u32(&row_landed[ws.cta_row]), 0);
   for (int done = 0; done < ws.left; done += 32 * kStagedChunksPerPass) {
     uint4 wv[kStagedChunksPerPass];
 #pragma unroll

@@ -266,8 +266,11 @@ void check_rope_scalars(const char* who, const QkNormRopeArgs& a) {
     throw Error(std::string(who) + ": rope_positions " + std::to_string(a.rope_positions) + " must be positive");
   if (!(a.eps >= 0.0f)) throw Error(std::string(who) + ": eps " + std::to_string(a.eps) + " is negative");
 }
-void check_rope_pointers(const char* who, const QkNormRopeArgs& a) {
-  if (!(a.qkv && a.positions && a.q_norm && a.k_norm && a.rope_cos && a.rope_sin && a.q && a.error_flags))
+// float_kv: the form that writes k and v to global memory (the append form hands them to the
+// cache instead).
+void check_rope_pointers(const char* who, const QkNormRopeArgs& a, bool float_kv) {
+  if (!(a.qkv && a.positions && a.q_norm && a.k_norm && a.rope_cos && a.rope_sin && a.q && a.error_flags) ||
+      (float_kv && !(a.k && a.v)))
     throw Error(std::string(who) + ": a device pointer is null");
 }
 
@@ -288,8 +291,7 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
               std::to_string(kMaxHeadDim));
   check_rope_scalars("qk_norm_rope", a);
   if (a.tokens == 0) return;
-  check_rope_pointers("qk_norm_rope", a);
-  if (!(a.k && a.v)) throw Error("qk_norm_rope: a device pointer is null");
+  check_rope_pointers("qk_norm_rope", a, true);
   cache::launch_dependent(qk_norm_rope_kernel, job_grid(a), dim3(kThreads), 0, stream, a);
   cache::cuda_check_launch("qk_norm_rope");
 }
@@ -304,7 +306,7 @@ void qk_norm_rope_append(const QkNormRopeArgs& a, const cache::AppendTarget& tar
               ", head_dim " + std::to_string(a.head_dim) + " do not fit the cache (" + std::to_string(c.heads) +
               " KV heads of " + std::to_string(c.d) + ", not latent)");
   check_rope_scalars("qk_norm_rope_append", a);
-  check_rope_pointers("qk_norm_rope_append", a);
+  check_rope_pointers("qk_norm_rope_append", a, false);
   const dim3 grid = job_grid(a);
   switch (a.head_dim) {
     case 64: cache::launch_dependent(qk_norm_rope_append_kernel<64>, grid, dim3(kThreads), 0, stream, a, target); break;

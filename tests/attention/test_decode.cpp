@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 
 #include "fp4kv/core/error.h"
@@ -444,8 +445,9 @@ TEST(DecodeAttention, RunsWithOtherSplitPlansBetweenThemGiveTheSameBits) {
   DeviceCase D(B, c.d, c.kv_heads);
   attention::DecodeAttention attn(D.geometry, B.r, D.capacity(B, c.max_splits));
   const attention::DecodeStep steps[2] = {D.step(B, planned), D.step(B, one_page)};
+  constexpr int kRuns = 12;  // six of each plan, alternated
   std::vector<float> first_out[2], first_lse[2];
-  for (int run = 0; run < 12; ++run) {
+  for (int run = 0; run < kRuns; ++run) {
     const int which = run % 2;
     D.poison();
     attn.run(steps[which], D.layer, D.q.get(), D.out.get(), D.lse.get());
