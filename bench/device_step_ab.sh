@@ -2,13 +2,14 @@
 # A/B of the engine's decode step in one device call, both trees built on the device (no
 # cpp-httplib there: the CLI without `serve`, enough for the benchmarks). The new tree is this
 # checkout; the base is it with PATCH reversed (PATCH=.devbin/ab.patch, from `git diff BASE >
-# .devbin/ab.patch` here; carry .devbin). Then, on the new build: the ops and engine GPU tests
-# (TESTS=0 skips); SANITIZE=1 adds memcheck, and racecheck of the MoE block, the fused QK-norm +
-# append and the GEMV; ATTENTION=1 the decode attention tests (with SANITIZE=1 their memcheck
-# and racecheck); CACHE=1 the cache tests. Then, alternated base/new REPS times (default 3):
-# `fp4kv bench gemm` at batch 1-8 (GEMM=0 skips), `fp4kv bench step` (STEP=0 skips) with
-# bench/compare_step.py's median ratios, and with DECODE_CONTEXTS=4096,131072 the decode sweep
-# (bench/compare_sweeps.py). To $OUT: step_ab.md, step_ab_logs.tgz, decode_ab.md.
+# .devbin/ab.patch` here; carry .devbin). Then, on the new build (TEST_SIDE=base: the base
+# build): the ops and engine GPU tests (TESTS=0 skips); SANITIZE=1 adds memcheck, and racecheck
+# of the MoE block, the fused QK-norm + append and the GEMV; ATTENTION=1 the decode attention
+# tests (with SANITIZE=1 their memcheck and racecheck); CACHE=1 the cache tests. Then,
+# alternated base/new REPS times (default 3): `fp4kv bench gemm` at batch 1-8 (GEMM=0 skips),
+# `fp4kv bench step` (STEP=0 skips) with bench/compare_step.py's median ratios, and with
+# DECODE_CONTEXTS=4096,131072 the decode sweep (bench/compare_sweeps.py). To $OUT: step_ab.md,
+# step_ab_logs.tgz, decode_ab.md.
 #   REPS=3 [MODEL=qwen3-30b-a3b:random] [TPOT_CONTEXTS=262144] [GENERATE=1] bash bench/device_step_ab.sh
 set -o pipefail
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -23,7 +24,7 @@ for side in new base; do
 done
 rm -rf /tmp/ab-logs; mkdir -p /tmp/ab-logs; cp /tmp/build-new.log /tmp/ab-logs/  # a warm machine keeps the last call's logs
 mkdir -p /work && ln -sfn "$NEW" /work/main  # the tests find models/pk8l at their compiled-in path
-B=/tmp/ab-build-new
+B=/tmp/ab-build-${TEST_SIDE:-new}  # the build the tests and sanitizers run on
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 if [ "${TESTS:-1}" = 1 ]; then
   (timeout 120 $B/tests/ops/fp4kv_ops_gpu_tests > /tmp/ab-logs/ops_tests.log 2>&1); echo "ops tests rc=$?"; tail -1 /tmp/ab-logs/ops_tests.log
