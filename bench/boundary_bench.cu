@@ -25,6 +25,8 @@
 #include <cstring>
 #include <vector>
 
+#include "fp4kv/cache/dependent_launch.cuh"
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -65,8 +67,8 @@ template <Mode M>
 __global__ void __launch_bounds__(kThreads) link_kernel(const float* in, float* out, Link wait_on, int producer_ctas,
                                                         Link signal) {
   __shared__ float red[kThreads / 32];
-  if constexpr (M != kPlain) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if constexpr (M == kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if constexpr (M != kPlain) fp4kv::cache::allow_dependents();
+  if constexpr (M == kPdl) fp4kv::cache::wait_for_producer();
   if constexpr (M == kFlag) {
     if (producer_ctas > 0 && threadIdx.x == 0) {
       while (load_acquire(wait_on.ready) < unsigned(producer_ctas)) {
@@ -117,20 +119,12 @@ void check(cudaError_t e, const char* what) {
 
 template <Mode M>
 void launch(int ctas, cudaStream_t s, const float* in, float* out, Link wait_on, int producer_ctas, Link signal) {
-  if constexpr (M == kPlain) {
+  if constexpr (M == kPlain)
     link_kernel<M><<<ctas, kThreads, 0, s>>>(in, out, wait_on, producer_ctas, signal);
-  } else {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(ctas);
-    cfg.blockDim = dim3(kThreads);
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    check(cudaLaunchKernelEx(&cfg, link_kernel<M>, in, out, wait_on, producer_ctas, signal), "launch");
-  }
+  else
+    fp4kv::cache::launch_dependent(link_kernel<M>, dim3(ctas), dim3(kThreads), 0, s, in, out, wait_on, producer_ctas,
+                                   signal);
+  check(cudaGetLastError(), "launch");
 }
 
 struct Chain {
