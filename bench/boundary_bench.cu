@@ -19,15 +19,17 @@
 //   fp4kv_boundary_bench [kernels per chain = 64] [replays = 50]
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "bench/graph_replay.h"
 #include "fp4kv/cache/dependent_launch.cuh"
 
 namespace {
+
+using fp4kv::bench::check;
 
 constexpr int kThreads = 256;
 constexpr int kElems = 4096;  // the vector each kernel reads whole and writes a slice of
@@ -110,13 +112,6 @@ __global__ void __launch_bounds__(kThreads) link_kernel(const float* in, float* 
   }
 }
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
 template <Mode M>
 void launch(int ctas, cudaStream_t s, const float* in, float* out, Link wait_on, int producer_ctas, Link signal) {
   if constexpr (M == kPlain)
@@ -143,16 +138,11 @@ Link link_of(const Chain& c, int k) {
 
 template <Mode M>
 cudaGraphExec_t capture(const Chain& c, cudaStream_t s) {
-  cudaGraph_t g;
   check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
   for (int k = 0; k < c.kernels; ++k)
     launch<M>(c.ctas, s, c.buf + size_t(k) * kElems, c.buf + size_t(k + 1) * kElems, link_of(c, k), k == 0 ? 0 : c.ctas,
               link_of(c, k + 1));
-  check(cudaStreamEndCapture(s, &g), "end capture");
-  cudaGraphExec_t e;
-  check(cudaGraphInstantiate(&e, g, 0), "instantiate");
-  check(cudaGraphDestroy(g), "destroy graph");
-  return e;
+  return fp4kv::bench::end_capture(s);
 }
 
 // Median microseconds of one replay, and the chain's final buffer (after a fresh input).
@@ -162,28 +152,12 @@ double time_chain(const Chain& c, cudaStream_t s, int replays, const std::vector
   check(cudaMemsetAsync(c.counters, 0, sizeof(unsigned) * kLinkWords * (c.kernels + 1), s), "zero counters");
   check(cudaMemsetAsync(c.buf + kElems, 0, sizeof(float) * kElems * c.kernels, s), "zero buffers");
   check(cudaMemcpyAsync(c.buf, input.data(), sizeof(float) * kElems, cudaMemcpyHostToDevice, s), "input");
-  cudaEvent_t a, b;
-  check(cudaEventCreate(&a), "event");
-  check(cudaEventCreate(&b), "event");
-  for (int w = 0; w < 3; ++w) check(cudaGraphLaunch(e, s), "warm-up replay");
-  std::vector<double> us;
-  for (int r = 0; r < replays; ++r) {
-    check(cudaEventRecord(a, s), "record");
-    check(cudaGraphLaunch(e, s), "replay");
-    check(cudaEventRecord(b, s), "record");
-    check(cudaEventSynchronize(b), "sync");
-    float ms = 0.0f;
-    check(cudaEventElapsedTime(&ms, a, b), "elapsed");
-    us.push_back(ms * 1e3);
-  }
+  const double us = fp4kv::bench::median_replay_us(e, s, replays);
   result.resize(kElems);
   check(cudaMemcpy(result.data(), c.buf + size_t(c.kernels) * kElems, sizeof(float) * kElems, cudaMemcpyDeviceToHost),
         "result");
-  check(cudaEventDestroy(a), "event");
-  check(cudaEventDestroy(b), "event");
   check(cudaGraphExecDestroy(e), "graph exec");
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return us;
 }
 
 }  // namespace
