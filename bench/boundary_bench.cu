@@ -13,9 +13,9 @@
 //            each until it reaches its own replay count (kept in a word only CTA i writes);
 //   nowait - the same early launch and no ordering at all: the floor of the launch path
 //            (its results are meaningless; only its time is reported).
-// Time per kernel = the replay's median time / N. The outputs of plain, pdl and flag are
+// Time per kernel = the replay's median time / N. The outputs of the four ordered chains are
 // compared bit for bit after the timed replays (the arithmetic is the same; a difference means
-// the ordering failed). Speed only, run by hand on a GPU:
+// an ordering failed). Speed only, run by hand on a GPU:
 //   fp4kv_boundary_bench [kernels per chain = 64] [replays = 50]
 #include <cuda_runtime.h>
 
