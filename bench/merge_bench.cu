@@ -35,12 +35,13 @@ constexpr int kSplits = 8;  // one portable cluster
 constexpr int kThreads = 256;
 constexpr int kQElems = kKvHeads * kG * kD;
 
-// The split's partial of its G heads (a stand-in for its attention over its pages).
+// The split's partial of its G heads (a stand-in for its attention over its pages), in
+// explicitly rounded operations so that both kernels compute the same bits.
 __device__ __forceinline__ float partial_o(const float* q, int g, int d, int split) {
-  return q[g * kD + d] * (1.0f + 0.125f * split);
+  return __fmul_rn(q[g * kD + d], __fadd_rn(1.0f, __fmul_rn(0.125f, float(split))));
 }
 __device__ __forceinline__ float partial_lse(const float* q, int g, int split) {
-  return q[g * kD] * 0.25f + 0.5f * float((split * 5 + g) % kSplits);
+  return __fadd_rn(__fmul_rn(q[g * kD], 0.25f), __fmul_rn(0.5f, float((split * 5 + g) % kSplits)));
 }
 
 // The merge of one output (head g, channel d) from the S partials, in split order.
@@ -49,11 +50,11 @@ __device__ __forceinline__ float merge(const float* lse, const float* o, int str
   for (int s = 1; s < kSplits; ++s) m = fmaxf(m, lse[s]);
   float l = 0.0f, acc = 0.0f;
   for (int s = 0; s < kSplits; ++s) {
-    const float w = exp2f(lse[s] - m);
-    l += w;
+    const float w = exp2f(__fsub_rn(lse[s], m));
+    l = __fadd_rn(l, w);
     acc = fmaf(w, o[s * stride], acc);
   }
-  return acc / l;
+  return __fdiv_rn(acc, l);
 }
 
 // Global partials: o [kv head][g][split][d], lse [kv head][g][split].
@@ -104,7 +105,10 @@ __global__ void __launch_bounds__(kThreads) cluster_kernel(const float* q, float
   cluster.sync();  // no CTA leaves while a peer reads its shared memory
 }
 
-void launch_cluster(cudaStream_t s, const float* q, float* out) {
+// Launches the cluster kernel, as a programmatic dependent when `dependent` (main probes
+// once, outside any capture, that the driver takes both attributes together: a refused launch
+// inside a capture would end it).
+cudaError_t launch_cluster(cudaStream_t s, const float* q, float* out, bool dependent) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(kSplits, kKvHeads);
   cfg.blockDim = dim3(kThreads);
@@ -117,8 +121,8 @@ void launch_cluster(cudaStream_t s, const float* q, float* out) {
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  check(cudaLaunchKernelEx(&cfg, cluster_kernel, q, out), "cluster launch");
+  cfg.numAttrs = dependent ? 2 : 1;
+  return cudaLaunchKernelEx(&cfg, cluster_kernel, q, out);
 }
 
 enum Form { kCombine, kCluster, kSplitOnly };
@@ -127,6 +131,7 @@ struct Buffers {
   float* act;  // [iterations + 1][kQElems]
   float* part_o;
   float* part_lse;
+  bool cluster_dependent;  // the cluster kernel launched as a programmatic dependent
 };
 
 cudaGraphExec_t capture(Form f, int iterations, const Buffers& b, cudaStream_t s) {
@@ -135,7 +140,7 @@ cudaGraphExec_t capture(Form f, int iterations, const Buffers& b, cudaStream_t s
     const float* q = b.act + size_t(it) * kQElems;
     float* out = b.act + size_t(it + 1) * kQElems;
     if (f == kCluster) {
-      launch_cluster(s, q, out);
+      check(launch_cluster(s, q, out, b.cluster_dependent), "cluster launch");
     } else {
       fp4kv::cache::launch_dependent(split_kernel, dim3(kSplits, kKvHeads), dim3(kThreads), 0, s, q, b.part_o,
                                      b.part_lse);
@@ -180,6 +185,9 @@ int main(int argc, char** argv) {
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   std::vector<float> input(kQElems);
   for (int i = 0; i < kQElems; ++i) input[i] = float((i * 29) % 97) / 97.0f - 0.5f;
+  b.cluster_dependent = launch_cluster(s, b.act, b.act + kQElems, true) == cudaSuccess &&
+                        cudaStreamSynchronize(s) == cudaSuccess;
+  (void)cudaGetLastError();
   std::vector<float> r_combine, r_cluster, r_split;
   const double t_combine = time_form(kCombine, iterations, replays, b, s, input, r_combine);
   const double t_cluster = time_form(kCluster, iterations, replays, b, s, input, r_cluster);
@@ -190,6 +198,7 @@ int main(int argc, char** argv) {
   std::printf("us per iteration: split kernel + combine kernel %.2f, cluster kernel (merge in-cluster) %.2f, "
               "split kernel alone (no merge) %.2f; outputs %s\n",
               t_combine, t_cluster, t_split, same ? "combine == cluster" : "DIFFER");
+  if (!b.cluster_dependent) std::printf("(the cluster kernel was refused as a programmatic dependent: plain launches)\n");
   check(cudaStreamDestroy(s), "stream");
   check(cudaFree(b.act), "free");
   check(cudaFree(b.part_o), "free");
