@@ -162,27 +162,13 @@ __device__ __forceinline__ void value_product(const uint8_t* st, int pbuf, const
       vw[4 * q + 2] = w.z;
       vw[4 * q + 3] = w.w;
     }
-    // 16-bit scale pairs (rows r, r + 8) of the warp's key blocks.
-    constexpr int NPAIR = F::value_scale_pairs(KSP);
-    uint32_t vraw[F::kFp4 ? NPAIR : 1];
-    if constexpr (F::kFp4) {
-      const uint8_t* sp = st + L.v_scales + scale_row_offset(cg, lane, NBV) + 2 * F::value_scale_pairs(ks0);
-      uint32_t wv[NPAIR / 2];
-      if constexpr (NPAIR == 8) {
-        const uint4 w = *reinterpret_cast<const uint4*>(sp);
-        wv[0] = w.x, wv[1] = w.y, wv[2] = w.z, wv[3] = w.w;
-      } else if constexpr (NPAIR == 4) {
-        const uint2 w = *reinterpret_cast<const uint2*>(sp);
-        wv[0] = w.x, wv[1] = w.y;
-      } else {
-        wv[0] = *reinterpret_cast<const uint32_t*>(sp);
-      }
-#pragma unroll
-      for (int e = 0; e < NPAIR / 2; ++e) {
-        vraw[2 * e] = wv[e] & 0xFFFFu;
-        vraw[2 * e + 1] = wv[e] >> 16;
-      }
-    }
+    // 16-bit scale pairs (rows r, r + 8) of the warp's key blocks, two to a word.
+    constexpr int NPAIR = F::kFp4 ? F::value_scale_pairs(KSP) : 2;
+    uint32_t vsw[NPAIR / 2];
+    if constexpr (F::kFp4)
+      load_scale_words<NPAIR>(
+          reinterpret_cast<const uint16_t*>(st + L.v_scales + scale_row_offset(cg, lane, NBV) + 2 * F::value_scale_pairs(ks0)),
+          vsw);
     float bacc[NTP][4];   // MXFP4: the current block's product
     uint32_t pb[NTP][4];  // P^T B fragments of k-steps kk, kk + 1 (n-tile j): one ldmatrix.x4
 #pragma unroll
@@ -191,7 +177,7 @@ __device__ __forceinline__ void value_product(const uint8_t* st, int pbuf, const
 #pragma unroll
         for (int j = 0; j < NTP; ++j) ldmatrix_x4(pb[j], vo.p_addr + pbuf * PSW * 4 + (j * 8 * kPsStride + kk * 16) * 2);
       }
-      F::value_kstep(tmp2, bacc, ci, vw, vraw, kk, pb);
+      F::value_kstep(tmp2, bacc, ci, vw, vsw, kk, pb);
     }
   }
   float tmp[CGW][NTP][4];

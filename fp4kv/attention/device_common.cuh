@@ -101,6 +101,17 @@ __device__ __forceinline__ uint32_t e4m3x2_to_half2_bits(uint32_t pair) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu), __NV_E4M3);
   return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
+// The same of the pair in the high 16 bits of `word`, which the conversion reads in place
+// (a shift down first would be one more instruction per pair).
+__device__ __forceinline__ uint32_t e4m3x2_high_to_half2_bits(uint32_t word) {
+  uint32_t r;
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(word));
+  return r;
+}
+// Pair i of an array of 16-bit pairs held as 32-bit words (pair 2k in the low half of word k).
+__device__ __forceinline__ uint32_t e4m3_pair_to_half2_bits(const uint32_t* words, int i) {
+  return i % 2 ? e4m3x2_high_to_half2_bits(words[i / 2]) : e4m3x2_to_half2_bits(words[i / 2]);
+}
 
 // 2^x by the SFU alone (ex2.approx.ftz: ~2 ulp, results below 2^-126 flush to 0, -inf -> 0);
 // exp2f would add the denormal-range fix-up around it on every softmax element.

@@ -22,9 +22,11 @@ FP4KV_HD uint32_t fp4x2_to_half2_bits(uint32_t x) {
   return ((x & 0x00080008u) << 12) | ((x & 0x00070007u) << 9);
 }
 
-// Register r (0..3) of the A fragment of one 16 x 16 tile from the lane's 32-bit FP4 word:
-// low half from nibble slot r, high half from nibble slot r + 4 (layout.h).
-FP4KV_HD uint32_t fp4_word_to_a_reg_bits(uint32_t word, int r) { return fp4x2_to_half2_bits(word >> (4 * r)); }
+// Register r (0..3) of the A fragment of one 16 x 16 tile from the lane's stored 32-bit FP4
+// word (layout.h): low half from slot r, high half from slot r + 4. The reference form.
+FP4KV_HD uint32_t fp4_word_to_a_reg_bits(uint32_t word, int r) {
+  return fp4x2_to_half2_bits(cache::fp4_nibble_word(word) >> (4 * r));
+}
 
 // Byte permute (PTX prmt / __byte_perm): result byte i is byte (s >> 4i) & 7 of y:x.
 FP4KV_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
@@ -38,16 +40,17 @@ FP4KV_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 #endif
 }
 
-// All four A registers of a lane's FP4 word at once, with the same bits as
-// fp4_word_to_a_reg_bits(word, r) for r = 0..3 (11 integer operations instead of ~20).
-// Byte i of the word holds slots 2i (low nibble) and 2i + 1 (high nibble). First every
-// nibble becomes the high byte of its FP16 half (sign at bit 7, e1 e0 m at bits 1..3):
-//   lo: byte i from slot 2i, hi: byte i from slot 2i + 1;
+// All four A registers of a lane's stored FP4 word at once, with the same bits as
+// fp4_word_to_a_reg_bits(word, r) for r = 0..3 (9 integer operations). Byte i of the word
+// holds slot 2i's sign at bit 7 and its e1 e0 m at bits 1..3, which is already the high
+// byte of its FP16 half, and slot 2i + 1's e1 e0 m at bits 4..6 and its sign at bit 0
+// (layout.h). First every code becomes the high byte of its FP16 half:
+//   lo: byte i from slot 2i (one mask), hi: byte i from slot 2i + 1 (two shifts, a merge);
 // then register r takes slot r as the high byte of its low half and slot r + 4 as the high
 // byte of its high half (both low bytes zero): one byte permute from lo (r even) or hi.
 FP4KV_HD void fp4_word_to_a_regs(uint32_t word, uint32_t (&a)[4]) {
-  const uint32_t lo = ((word << 1) & 0x0E0E0E0Eu) | ((word << 4) & 0x80808080u);
-  const uint32_t hi = ((word >> 3) & 0x0E0E0E0Eu) | (word & 0x80808080u);
+  const uint32_t lo = word & 0x8E8E8E8Eu;
+  const uint32_t hi = ((word >> 3) & 0x0E0E0E0Eu) | ((word << 7) & 0x80808080u);
   a[0] = byte_perm(lo, 0u, 0x2404u);  // slots 0, 4: bytes 0, 2 of lo -> bytes 1, 3
   a[1] = byte_perm(hi, 0u, 0x2404u);  // slots 1, 5
   a[2] = byte_perm(lo, 0u, 0x3414u);  // slots 2, 6: bytes 1, 3 of lo
@@ -104,8 +107,10 @@ FP4KV_HD constexpr int k32_channel(int k) {
 }
 
 // The four A registers (E4M3 bytes, code x 2^-6) of the m16n8k32 fragment from a lane's FP4
-// words of k-steps 2p (`even`) and 2p + 1 (`odd`): register 0 = row g, k 4t..4t+3 = nibble
-// slots 0, 4, 2, 6 of `even`; 1 = row g + 8: slots 1, 5, 3, 7; 2 and 3 the same of `odd`.
+// words in nibble form (cache::fp4_nibble_word of the stored words; a study of this route,
+// not used by the kernels) of k-steps 2p (`even`) and 2p + 1 (`odd`): register 0 = row g,
+// k 4t..4t+3 = slots 0, 4, 2, 6 of `even`; 1 = row g + 8: slots 1, 5, 3, 7; 2 and 3 the
+// same of `odd`.
 // Per word: the even slots (low nibbles) and odd slots (high nibbles) placed as E4M3 bytes
 // in place (core/fp4_as_fp8.h), then one byte permute each.
 FP4KV_HD void fp4_word_to_e4m3_regs(uint32_t word, uint32_t& row_lo, uint32_t& row_hi) {

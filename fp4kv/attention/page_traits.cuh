@@ -78,26 +78,27 @@ __device__ __forceinline__ void add_scaled(float (&acc)[4], const float (&bacc)[
   for (int e = 0; e < 4; ++e) acc[e] = fmaf(bacc[e], f[e / 2], acc[e]);
 }
 
-// The 16-bit scale pairs (rows r, r + 8) of `n` consecutive blocks from shared memory,
-// 16 bytes at a time when n is a multiple of 8.
+// The 16-bit scale pairs (rows r, r + 8) of `N` consecutive blocks from shared memory, as
+// N / 2 words (pair 2k in the low half of word k), 16 bytes at a time when N is a multiple of
+// 8 (the address is then 16-byte aligned: scale_row_offset), else 8 or 4.
 template <int N>
-__device__ __forceinline__ void load_scale_pairs(const uint16_t* p, uint32_t (&raw)[N]) {
+__device__ __forceinline__ void load_scale_words(const uint16_t* p, uint32_t (&w)[N / 2]) {
+  static_assert(N % 2 == 0 && N >= 2, "whole words of scale pairs");
   if constexpr (N % 8 == 0) {
 #pragma unroll
     for (int q = 0; q < N / 8; ++q) {
-      const uint4 w = reinterpret_cast<const uint4*>(p)[q];
-      const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        raw[8 * q + 2 * e] = wv[e] & 0xFFFFu;
-        raw[8 * q + 2 * e + 1] = wv[e] >> 16;
-      }
+      const uint4 v = reinterpret_cast<const uint4*>(p)[q];
+      w[4 * q] = v.x, w[4 * q + 1] = v.y, w[4 * q + 2] = v.z, w[4 * q + 3] = v.w;
     }
+  } else if constexpr (N == 4) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x, w[1] = v.y;
   } else {
-#pragma unroll
-    for (int q = 0; q < N; ++q) raw[q] = p[q];
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
   }
 }
+// Pair i (the row-r byte low) of such words; only the low 16 bits are meaningful.
+__device__ __forceinline__ uint32_t scale_pair(const uint32_t* words, int i) { return words[i / 2] >> (16 * (i % 2)); }
 
 // ---- The formats ------------------------------------------------------------------------------
 
@@ -123,10 +124,10 @@ struct NvFp4Page {
   };
   template <int NBK>
   __device__ __forceinline__ static void load_key_scales(const uint16_t* p, KeyScales<NBK>& s) {
-    uint32_t raw[NBK];
-    load_scale_pairs<NBK>(p, raw);
+    uint32_t words[NBK / 2];
+    load_scale_words<NBK>(p, words);
 #pragma unroll
-    for (int q = 0; q < NBK; ++q) s.h2[q] = e4m3x2_to_half2_bits(raw[q]);
+    for (int q = 0; q < NBK; ++q) s.h2[q] = e4m3_pair_to_half2_bits(words, q);
   }
   template <int NT, int NBK, class Q>
   __device__ __forceinline__ static void key_kstep(float (&acc2)[2][NT][4], float (&)[NT][4], const KeyScales<NBK>& s,
@@ -139,12 +140,12 @@ struct NvFp4Page {
 
   // V: scale pairs of the blocks of `ksteps` k-steps (one block per k-step of 16 keys).
   static constexpr int value_scale_pairs(int ksteps) { return ksteps; }
-  template <int CGW, int NTP, int NV, int NP>
+  template <int CGW, int NTP, int NV, int NW>
   __device__ __forceinline__ static void value_kstep(float (&tmp2)[2][CGW][NTP][4], float (&)[NTP][4], int ci,
-                                                     const uint32_t (&vw)[NV], const uint32_t (&vraw)[NP], int kk,
+                                                     const uint32_t (&vw)[NV], const uint32_t (&vsw)[NW], int kk,
                                                      const uint32_t (&pb)[NTP][4]) {
     uint32_t af[4];
-    expand_fp4(af, vw[kk], e4m3x2_to_half2_bits(vraw[kk]));
+    expand_fp4(af, vw[kk], e4m3_pair_to_half2_bits(vsw, kk));
 #pragma unroll
     for (int j = 0; j < NTP; ++j) mma_f16(tmp2[kk % 2][ci][j], af, pb[j][2 * (kk % 2)], pb[j][2 * (kk % 2) + 1]);
   }
@@ -171,10 +172,10 @@ struct MxFp4Page {
   };
   template <int NBK>
   __device__ __forceinline__ static void load_key_scales(const uint16_t* p, KeyScales<NBK>& s) {
-    uint32_t raw[NBK];
-    load_scale_pairs<NBK>(p, raw);
+    uint32_t words[NBK / 2];
+    load_scale_words<NBK>(p, words);
 #pragma unroll
-    for (int q = 0; q < NBK; ++q) mx_row_scales(raw[q], s.f[q]);
+    for (int q = 0; q < NBK; ++q) mx_row_scales(scale_pair(words, q), s.f[q]);
   }
   // A block is two k-steps: its product goes to a fresh accumulator, then in FP32 times the
   // row scales into the chain of the block.
@@ -195,9 +196,9 @@ struct MxFp4Page {
 
   // V: scale pairs of the blocks of `ksteps` k-steps (a block is two k-steps).
   static constexpr int value_scale_pairs(int ksteps) { return ksteps / 2; }
-  template <int CGW, int NTP, int NV, int NP>
+  template <int CGW, int NTP, int NV, int NW>
   __device__ __forceinline__ static void value_kstep(float (&tmp2)[2][CGW][NTP][4], float (&bacc)[NTP][4], int ci,
-                                                     const uint32_t (&vw)[NV], const uint32_t (&vraw)[NP], int kk,
+                                                     const uint32_t (&vw)[NV], const uint32_t (&vsw)[NW], int kk,
                                                      const uint32_t (&pb)[NTP][4]) {
     uint32_t af[4];
     fp4_word_to_a_regs(vw[kk], af);
@@ -206,7 +207,7 @@ struct MxFp4Page {
     for (int j = 0; j < NTP; ++j) mma_f16(bacc[j], af, pb[j][2 * (kk % 2)], pb[j][2 * (kk % 2) + 1]);
     if (kk % 2 == 1) {
       float f[2];
-      mx_row_scales(vraw[kk / 2], f);
+      mx_row_scales(scale_pair(vsw, kk / 2), f);
 #pragma unroll
       for (int j = 0; j < NTP; ++j) add_scaled(tmp2[(kk / 2) % 2][ci][j], bacc[j], f);
     }
@@ -242,9 +243,9 @@ struct Fp8Page {
   }
 
   static constexpr int value_scale_pairs(int) { return 0; }
-  template <int CGW, int NTP, int NV, int NP>
+  template <int CGW, int NTP, int NV, int NW>
   __device__ __forceinline__ static void value_kstep(float (&tmp2)[2][CGW][NTP][4], float (&)[NTP][4], int ci,
-                                                     const uint32_t (&vw)[NV], const uint32_t (&)[NP], int kk,
+                                                     const uint32_t (&vw)[NV], const uint32_t (&)[NW], int kk,
                                                      const uint32_t (&pb)[NTP][4]) {
     uint32_t af[4];
     expand_fp8(af, vw[2 * kk], vw[2 * kk + 1]);

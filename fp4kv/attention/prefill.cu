@@ -92,8 +92,8 @@ struct GatherArgs {
 template <KvFormat F, bool kKey>
 __device__ __forceinline__ float page_element(const uint8_t* page, const cache::PageLayout& l, int t, int c) {
   if constexpr (F == KvFormat::nvfp4 || F == KvFormat::mxfp4) {
-    const cache::NibbleAddress n = kKey ? cache::k_code_address(l, t, c) : cache::v_code_address(l, t, c);
-    const uint8_t code = unpack_e2m1(page[n.byte], n.nibble);
+    const cache::CodeAddress n = kKey ? cache::k_code_address(l, t, c) : cache::v_code_address(l, t, c);
+    const uint8_t code = cache::fp4_code_of_stored(page[n.byte], n.odd);
     const uint8_t scale = page[kKey ? cache::k_scale_offset(l, t, c) : cache::v_scale_offset(l, t, c)];
     return F == KvFormat::nvfp4 ? e2m1_value(code) * e4m3_value(scale) : mxfp4_value(code, scale);
   } else if constexpr (F == KvFormat::fp8) {

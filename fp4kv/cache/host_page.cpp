@@ -16,11 +16,11 @@ float mxfp4_page_scale(const uint8_t* scale_codes, int n) {
 
 namespace {
 
-void set_nibble(uint8_t* base, NibbleAddress a, uint8_t code) {
+void set_code(uint8_t* base, CodeAddress a, uint8_t code) {
   uint8_t& b = base[a.byte];
-  b = a.nibble ? uint8_t((b & 0x0F) | ((code & 0xF) << 4)) : uint8_t((b & 0xF0) | (code & 0xF));
+  b = a.odd ? fp4_stored_byte(fp4_code_of_stored(b, 0), code) : fp4_stored_byte(code, fp4_code_of_stored(b, 1));
 }
-uint8_t get_nibble(const uint8_t* base, NibbleAddress a) { return uint8_t((base[a.byte] >> (4 * a.nibble)) & 0xF); }
+uint8_t get_code(const uint8_t* base, CodeAddress a) { return fp4_code_of_stored(base[a.byte], a.odd); }
 
 }  // namespace
 
@@ -39,8 +39,8 @@ void pack_page(const ref::QuantPage& p, const PageLayout& l, uint8_t* out) {
     const int b = l.block;
     for (int t = 0; t < kPage; ++t)
       for (int c = 0; c < d; ++c) {
-        set_nibble(out, k_code_address(l, t, c), p.k_codes[t * d + c]);
-        set_nibble(out, v_code_address(l, t, c), p.v_codes[c * kPage + t]);
+        set_code(out, k_code_address(l, t, c), p.k_codes[t * d + c]);
+        set_code(out, v_code_address(l, t, c), p.v_codes[c * kPage + t]);
         if (c % b == 0) out[k_scale_offset(l, t, c)] = p.k_scales[t * (d / b) + c / b];
         if (t % b == 0) out[v_scale_offset(l, t, c)] = p.v_scales[c * (kPage / b) + t / b];
       }
@@ -79,8 +79,8 @@ ref::QuantPage unpack_page(const uint8_t* in, const PageLayout& l, int tokens) {
   p.v_scales.assign(size_t(d) * (kPage / b), 0);
   for (int t = 0; t < kPage; ++t)
     for (int c = 0; c < d; ++c) {
-      p.k_codes[t * d + c] = get_nibble(in, k_code_address(l, t, c));
-      p.v_codes[c * kPage + t] = get_nibble(in, v_code_address(l, t, c));
+      p.k_codes[t * d + c] = get_code(in, k_code_address(l, t, c));
+      p.v_codes[c * kPage + t] = get_code(in, v_code_address(l, t, c));
       if (c % b == 0) p.k_scales[t * (d / b) + c / b] = in[k_scale_offset(l, t, c)];
       if (t % b == 0) p.v_scales[c * (kPage / b) + t / b] = in[v_scale_offset(l, t, c)];
     }
@@ -148,7 +148,7 @@ void pack_latent_page(const ref::QuantPage& p, const float* r, int tokens, const
         out[k_fp8_offset(k, t, c)] = p.k_codes[t * d + c];
         continue;
       }
-      set_nibble(out, k_code_address(k, t, c), p.k_codes[t * d + c]);
+      set_code(out, k_code_address(k, t, c), p.k_codes[t * d + c]);
       if (c % l.block == 0) out[k_scale_offset(k, t, c)] = p.k_scales[t * (d / l.block) + c / l.block];
     }
   if (l.format == KvFormat::mxfp4) scales[0] = mxfp4_page_scale(p.k_scales.data(), int(p.k_scales.size()));
@@ -174,7 +174,7 @@ ref::QuantPage unpack_latent_page(const uint8_t* in, const LatentPageLayout& l, 
         p.k_codes[t * d + c] = in[k_fp8_offset(k, t, c)];
         continue;
       }
-      p.k_codes[t * d + c] = get_nibble(in, k_code_address(k, t, c));
+      p.k_codes[t * d + c] = get_code(in, k_code_address(k, t, c));
       if (c % l.block == 0) p.k_scales[t * (d / l.block) + c / l.block] = in[k_scale_offset(k, t, c)];
     }
   p.k_g = l.format == KvFormat::mxfp4 ? 1.0f : scales[0];  // MXFP4: the page scale is a layout detail

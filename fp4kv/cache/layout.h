@@ -18,10 +18,13 @@
 //     keys (k-step ks = t / 16; 8 k-steps per page).
 // For a 16 x 16 A tile, element (row, col) belongs to lane = (row % 8) * 4 + (col % 8) / 2
 // as fragment element j = (col / 8) * 4 + (row / 8) * 2 + col % 2 (a0..a7 of the PTX ISA
-// fragment figure). FP4: the 8 elements of (lane, tile) are one 32-bit word; element j is
-// nibble slot (j % 2) * 4 + j / 2 (bits 4*slot..4*slot+3), so half2 register r = j / 2
-// takes its low element from slot r and its high element from slot r + 4. FP8: the 8
-// elements are 8 bytes in j order. A lane's codes come in 16-byte parts (FP4: 4 k-steps,
+// fragment figure). FP4: the 8 elements of (lane, tile) are one 32-bit word; element j has
+// slot (j % 2) * 4 + j / 2, so half2 register r = j / 2 takes its low element from slot r
+// and its high element from slot r + 4. Byte i of the word holds slots 2i ("even") and
+// 2i + 1 ("odd"), with their bits where the expansion to FP16 wants them rather than as two
+// whole nibbles (fp4_stored_byte below): bit 7 the even code's sign, bits 1-3 its e1 e0 m
+// (the high byte of its FP16 half after one mask), bits 4-6 the odd code's e1 e0 m and
+// bit 0 its sign. FP8: the 8 elements are 8 bytes in j order. A lane's codes come in 16-byte parts (FP4: 4 k-steps,
 // FP8: 2 k-steps), and the parts are stored part-major inside a 16-row group: part p of
 // all 32 lanes is 512 contiguous bytes. The decode kernel copies a page to shared memory
 // as one contiguous block (cp.async.bulk) and a warp's 16-byte loads of one part are then
@@ -112,23 +115,42 @@ struct FragmentSlot {
 FP4KV_HD constexpr FragmentSlot fragment_slot(int row, int col) {
   return FragmentSlot{(row % 8) * 4 + (col % 8) / 2, (col / 8) * 4 + (row / 8) * 2 + col % 2};
 }
-// Nibble slot of fragment element j within its lane's 32-bit FP4 word.
-FP4KV_HD constexpr int fp4_nibble_slot(int j) { return (j % 2) * 4 + j / 2; }
+// Slot (0..7) of fragment element j within its lane's 32-bit FP4 word.
+FP4KV_HD constexpr int fp4_word_slot(int j) { return (j % 2) * 4 + j / 2; }
 
-// Byte offset (from the codes sub-array) and nibble (0 low, 1 high) of an FP4 element of
-// an A operand with `rows` x `cols` logical shape tiled 16 x 16 (K: rows = 128 keys, cols
-// = d channels; V^T: rows = d channels, cols = 128 keys).
-struct NibbleAddress {
+// A stored FP4 byte from its even and odd codes (s e1 e0 m, 4 bits each), and back. Only
+// these functions, and the word forms below, know where a code's bits sit in a byte.
+FP4KV_HD constexpr uint8_t fp4_stored_byte(uint32_t even, uint32_t odd) {
+  return uint8_t(((even & 7u) << 1) | ((even & 8u) << 4) | ((odd & 7u) << 4) | ((odd & 8u) >> 3));
+}
+FP4KV_HD constexpr uint8_t fp4_code_of_stored(uint8_t byte, int odd) {
+  return odd ? uint8_t(((byte >> 4) & 7u) | ((byte & 1u) << 3)) : uint8_t(((byte >> 1) & 7u) | ((byte >> 4) & 8u));
+}
+// The same for the four bytes of a word: from "nibble form" (byte i = even code in the low
+// nibble, odd code in the high one: how the writers assemble words) to the stored form.
+FP4KV_HD constexpr uint32_t fp4_stored_word(uint32_t nibbles) {
+  return ((nibbles & 0x07070707u) << 1) | ((nibbles & 0x08080808u) << 4) | (nibbles & 0x70707070u) |
+         ((nibbles & 0x80808080u) >> 7);
+}
+FP4KV_HD constexpr uint32_t fp4_nibble_word(uint32_t stored) {
+  return ((stored >> 1) & 0x07070707u) | ((stored >> 4) & 0x08080808u) | (stored & 0x70707070u) |
+         ((stored & 0x01010101u) << 7);
+}
+
+// Byte offset (from the codes sub-array) of an FP4 element of an A operand with `rows` x
+// `cols` logical shape tiled 16 x 16 (K: rows = 128 keys, cols = d channels; V^T: rows = d
+// channels, cols = 128 keys), and whether it is the byte's even (0) or odd (1) code.
+struct CodeAddress {
   int byte;
-  int nibble;
+  int odd;
 };
-FP4KV_HD constexpr NibbleAddress fp4_code_address(int row, int col, int cols) {
+FP4KV_HD constexpr CodeAddress fp4_code_address(int row, int col, int cols) {
   const FragmentSlot s = fragment_slot(row % 16, col % 16);
   const int ksteps = cols / 16;
   const int ks = col / 16;
   const int word = (((row / 16) * (ksteps / 4) + ks / 4) * 32 + s.lane) * 4 + ks % 4;
-  const int slot = fp4_nibble_slot(s.j);
-  return NibbleAddress{word * 4 + slot / 2, slot % 2};
+  const int slot = fp4_word_slot(s.j);
+  return CodeAddress{word * 4 + slot / 2, slot % 2};
 }
 FP4KV_HD constexpr int fp8_code_offset(int row, int col, int cols) {
   const FragmentSlot s = fragment_slot(row % 16, col % 16);
@@ -142,13 +164,13 @@ FP4KV_HD constexpr int scale_offset(int row, int blk, int blocks) {
 }
 
 // K element (token t, channel c) and V element (token t, channel c) of one head's part.
-FP4KV_HD constexpr NibbleAddress k_code_address(const PageLayout& l, int t, int c) {
-  NibbleAddress a = fp4_code_address(t, c, l.head_dim);
+FP4KV_HD constexpr CodeAddress k_code_address(const PageLayout& l, int t, int c) {
+  CodeAddress a = fp4_code_address(t, c, l.head_dim);
   a.byte += l.k_codes;
   return a;
 }
-FP4KV_HD constexpr NibbleAddress v_code_address(const PageLayout& l, int t, int c) {
-  NibbleAddress a = fp4_code_address(c, t, kPage);
+FP4KV_HD constexpr CodeAddress v_code_address(const PageLayout& l, int t, int c) {
+  CodeAddress a = fp4_code_address(c, t, kPage);
   a.byte += l.v_codes;
   return a;
 }

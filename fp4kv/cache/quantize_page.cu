@@ -53,13 +53,14 @@ struct PageTask {
 // The codes of one block of row r < 8 of a 16-row A tile at their places in the A operand's
 // 32-bit words (layout.h, fp4_code_address): element i of the block (k-step i / 16, column
 // c = i % 16) goes to the word of lane 4 r + (c % 8) / 2 of its k-step, at its fragment
-// element's nibble slot. Row r + 8 shares those words one nibble higher.
+// element's slot, in nibble form (fp4_stored_word turns it into the stored bytes). Row r + 8
+// shares those words one nibble higher.
 template <int B>
 struct PairWords {
   uint32_t w[B / 16][4] = {};
   __device__ __forceinline__ void put(int i, uint32_t code) {
     const FragmentSlot f = fragment_slot(0, i % 16);  // lane = the word's q = (c % 8) / 2
-    w[i / 16][f.lane] |= code << (4 * fp4_nibble_slot(f.j));
+    w[i / 16][f.lane] |= code << (4 * fp4_word_slot(f.j));
   }
   __device__ __forceinline__ void merge(const PairWords& o) {
 #pragma unroll
@@ -135,7 +136,7 @@ __device__ void quantize_fp4_part(const uint16_t* tile, bool finite, float g, ui
       for (int q = 0; q < 4; ++q) {
         // fp4_code_address(row0, 16 ks + 2 q, cols).byte / 4: the word of lane 4 (row0 % 8) + q
         const int lane = (row0 % 8) * 4 + q;
-        words[(((row0 / 16) * (ksteps / 4) + ks / 4) * 32 + lane) * 4 + ks % 4] = w[k][q];
+        words[(((row0 / 16) * (ksteps / 4) + ks / 4) * 32 + lane) * 4 + ks % 4] = fp4_stored_word(w[k][q]);
       }
     }
     // scale_offset(row0, j, row_blocks) / 2: row0's scale, row0 + 8's in the next byte.

@@ -186,7 +186,7 @@ TEST(Fragment, K32PermutationKeepsTheHalvesAndInverts) {
   EXPECT_EQ(seen.size(), 32u);
 }
 
-// Each lane's two stored FP4 words of a k32 step, converted to E4M3 bytes, are the
+// Each lane's two FP4 words of a k32 step (in nibble form), converted to E4M3 bytes, are the
 // m16n8k32 A fragment of the permuted tile: byte i of register r holds the code of (row
 // a8_frag_row, channel k32_channel(a8_frag_k)) as e2m1_as_e4m3, for every lane, row group
 // and k32 step of a random K page (d = 128 and 256).
@@ -199,8 +199,8 @@ TEST(Fragment, Fp4WordsAreTheE4m3K32Fragment) {
     std::vector<uint8_t> bytes(l.bytes, 0);
     for (int t = 0; t < kPageTokens; ++t)
       for (int c = 0; c < d; ++c) {
-        const cache::NibbleAddress a = cache::k_code_address(l, t, c);
-        bytes[a.byte] |= uint8_t(codes[size_t(t) * d + c] << (4 * a.nibble));
+        const cache::CodeAddress a = cache::k_code_address(l, t, c);
+        bytes[a.byte] |= uint8_t(codes[size_t(t) * d + c] << (4 * a.odd));  // nibble form (the route's input)
       }
     const int cpl = d / 16 * 4 / 16;  // 16-byte parts per lane and row group
     for (int rg = 0; rg < kPageTokens / 16; ++rg)

@@ -28,8 +28,8 @@ TEST(Layout, AddressingIsABijection) {
       for (int t = 0; t < kPage; ++t)
         for (int c = 0; c < d; ++c) {
           const auto a = k_code_address(l, t, c), b = v_code_address(l, t, c);
-          k.insert(a.byte * 2 + a.nibble);
-          v.insert(b.byte * 2 + b.nibble);
+          k.insert(a.byte * 2 + a.odd);
+          v.insert(b.byte * 2 + b.odd);
           ks.insert(k_scale_offset(l, t, c));
           vs.insert(v_scale_offset(l, t, c));
           ASSERT_LT(a.byte, l.k_scales);
@@ -54,8 +54,32 @@ TEST(Layout, FragmentOrderOfOneLane) {
   EXPECT_EQ(fragment_slot(9, 3).j, 3);
   EXPECT_EQ(fragment_slot(1, 10).j, 4);
   EXPECT_EQ(fragment_slot(9, 11).j, 7);
-  // half2 register r = (a_2r, a_2r+1) comes from nibble slots r and r + 4.
-  for (int j = 0; j < 8; ++j) EXPECT_EQ(fp4_nibble_slot(j), (j % 2) * 4 + j / 2);
+  // half2 register r = (a_2r, a_2r+1) comes from slots r and r + 4.
+  for (int j = 0; j < 8; ++j) EXPECT_EQ(fp4_word_slot(j), (j % 2) * 4 + j / 2);
+}
+
+// A stored FP4 byte holds its two codes without loss, in the documented bits, and the word
+// forms agree with the byte form on every byte.
+TEST(Layout, StoredFp4BytesHoldBothCodes) {
+  std::set<int> bytes;
+  for (uint32_t even = 0; even < 16; ++even)
+    for (uint32_t odd = 0; odd < 16; ++odd) {
+      const uint8_t b = fp4_stored_byte(even, odd);
+      bytes.insert(b);
+      EXPECT_EQ(fp4_code_of_stored(b, 0), even);
+      EXPECT_EQ(fp4_code_of_stored(b, 1), odd);
+      EXPECT_EQ((b >> 7) & 1u, even >> 3);        // even sign at bit 7
+      EXPECT_EQ((b >> 1) & 7u, even & 7u);        // even e1 e0 m at bits 1..3
+      EXPECT_EQ((b >> 4) & 7u, odd & 7u);         // odd e1 e0 m at bits 4..6
+      EXPECT_EQ(b & 1u, odd >> 3);                // odd sign at bit 0
+      const uint32_t nibbles = even | (odd << 4);
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t w = nibbles << (8 * i);
+        EXPECT_EQ(fp4_stored_word(w), uint32_t(b) << (8 * i));
+        EXPECT_EQ(fp4_nibble_word(uint32_t(b) << (8 * i)), w);
+      }
+    }
+  EXPECT_EQ(bytes.size(), 256u);
 }
 
 TEST(HostPage, PackUnpackRoundTrip) {
@@ -127,8 +151,8 @@ TEST(LatentLayout, SizesAndOffsets) {
     for (int t = 0; t < kPage; ++t)
       for (int c = 0; c < l.latent_dim; ++c) {
         if (l.format == KvFormat::nvfp4 || l.format == KvFormat::mxfp4) {
-          const NibbleAddress a = k_code_address(k, t, c);
-          codes.insert(a.byte * 2 + a.nibble);
+          const CodeAddress a = k_code_address(k, t, c);
+          codes.insert(a.byte * 2 + a.odd);
           ASSERT_LT(a.byte, l.c_scales);
           const int s = k_scale_offset(k, t, c);
           scales.insert(s);
