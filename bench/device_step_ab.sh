@@ -5,8 +5,8 @@
 # .devbin/ab.patch` here; carry .devbin). Then, on the new build (TEST_SIDE=base: the base
 # build): the ops and engine GPU tests (TESTS=0 skips); SANITIZE=1 adds memcheck, and racecheck
 # of the MoE block, the fused QK-norm + append and the GEMV; ATTENTION=1 the decode attention
-# tests (with SANITIZE=1 their memcheck and racecheck); CACHE=1 the cache tests. Then,
-# alternated base/new REPS times (default 3): `fp4kv bench gemm` at batch 1-8 (GEMM=0 skips),
+# and MLA tests (with SANITIZE=1 the decode kernels' memcheck and racecheck); CACHE=1 the cache
+# tests. Then, alternated base/new REPS times (default 3): `fp4kv bench gemm` at batch 1-8 (GEMM=0 skips),
 # `fp4kv bench step` (STEP=0 skips) with bench/compare_step.py's median ratios, and with
 # DECODE_CONTEXTS=4096,131072 the decode sweep (bench/compare_sweeps.py). To $OUT: step_ab.md,
 # step_ab_logs.tgz, decode_ab.md.
@@ -15,7 +15,7 @@ set -o pipefail
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 NEW=$PWD; BASE=/tmp/ab-base-src; REPS=${REPS:-3}
 rm -rf $BASE && cp -r "$NEW" $BASE && (cd $BASE && patch -s -R -p1 < "$NEW/${PATCH:-.devbin/ab.patch}") || exit 1
-TARGETS="fp4kv fp4kv_ops_gpu_tests fp4kv_engine_gpu_tests fp4kv_attention_tests fp4kv_attention_prefill_tests fp4kv_cache_tests"
+TARGETS="fp4kv fp4kv_ops_gpu_tests fp4kv_engine_gpu_tests fp4kv_attention_tests fp4kv_attention_prefill_tests fp4kv_attention_mla_tests fp4kv_cache_tests"
 for side in new base; do
   SRC=$([ $side = new ] && echo "$NEW" || echo $BASE)
   (cmake -S "$SRC" -B /tmp/ab-build-$side -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4KV_PTXAS_VERBOSE=ON > /tmp/cfg-$side.log 2>&1 \
@@ -50,6 +50,8 @@ fi
 if [ "${ATTENTION:-0}" = 1 ]; then  # the decode attention tests (after a change to the decode kernel)
   (timeout 200 $B/tests/attention/fp4kv_attention_tests > /tmp/ab-logs/attention_tests.log 2>&1); echo "attention tests rc=$?"
   tail -1 /tmp/ab-logs/attention_tests.log; grep -E "^\[  FAILED|Failure" /tmp/ab-logs/attention_tests.log | head -5
+  (timeout 120 $B/tests/attention/fp4kv_attention_mla_tests > /tmp/ab-logs/mla_tests.log 2>&1); echo "mla tests rc=$?"
+  tail -1 /tmp/ab-logs/mla_tests.log; grep -E "^\[  FAILED|Failure" /tmp/ab-logs/mla_tests.log | head -5
   if [ "${SANITIZE:-0}" = 1 ]; then  # memcheck and racecheck of the decode kernel: short, long, mixed rows, head dims
     F='DecodeAttention.*:Small/*:MixedLengths/*:HeadDims/*:Bf16/*'
     for tool in memcheck racecheck; do
