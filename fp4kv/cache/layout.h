@@ -24,11 +24,11 @@
 // 2i + 1 ("odd"), with their bits where the expansion to FP16 wants them rather than as two
 // whole nibbles (fp4_stored_byte below): bit 7 the even code's sign, bits 1-3 its e1 e0 m
 // (the high byte of its FP16 half after one mask), bits 4-6 the odd code's e1 e0 m and
-// bit 0 its sign. FP8: the 8 elements are 8 bytes in j order. A lane's codes come in 16-byte parts (FP4: 4 k-steps,
-// FP8: 2 k-steps), and the parts are stored part-major inside a 16-row group: part p of
-// all 32 lanes is 512 contiguous bytes. The decode kernel copies a page to shared memory
-// as one contiguous block (cp.async.bulk) and a warp's 16-byte loads of one part are then
-// free of bank conflicts:
+// bit 0 its sign. FP8: the 8 elements are 8 bytes in j order. A lane's codes come in
+// 16-byte parts (FP4: 4 k-steps, FP8: 2 k-steps), and the parts are stored part-major
+// inside a 16-row group: part p of all 32 lanes is 512 contiguous bytes. The decode kernel
+// copies a page to shared memory as one contiguous block (cp.async.bulk) and a warp's
+// 16-byte loads of one part are then free of bank conflicts:
 //   FP4 word index  = ((tile_row_group * ksteps / 4 + ks / 4) * 32 + lane) * 4 + ks % 4
 //   FP8 byte offset = (((tile_row_group * ksteps / 2 + ks / 2) * 32 + lane) * 2 + ks % 2) * 8 + j
 // (ksteps = d/16 for K, 8 for V; both are multiples of 4 for d in {64, 128, 256}.)
