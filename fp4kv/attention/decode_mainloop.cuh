@@ -163,8 +163,8 @@ __device__ __forceinline__ void value_product(const uint8_t* st, int pbuf, const
       vw[4 * q + 3] = w.w;
     }
     // 16-bit scale pairs (rows r, r + 8) of the warp's key blocks, two to a word.
-    constexpr int NPAIR = F::kFp4 ? F::value_scale_pairs(KSP) : 2;
-    uint32_t vsw[NPAIR / 2];
+    constexpr int NPAIR = F::value_scale_pairs(KSP);
+    uint32_t vsw[F::kFp4 ? NPAIR / 2 : 1];
     if constexpr (F::kFp4)
       load_scale_words<NPAIR>(
           reinterpret_cast<const uint16_t*>(st + L.v_scales + scale_row_offset(cg, lane, NBV) + 2 * F::value_scale_pairs(ks0)),

@@ -22,7 +22,7 @@
 // slot (j % 2) * 4 + j / 2, so half2 register r = j / 2 takes its low element from slot r
 // and its high element from slot r + 4. Byte i of the word holds slots 2i ("even") and
 // 2i + 1 ("odd"), with their bits where the expansion to FP16 wants them rather than as two
-// whole nibbles (fp4_stored_byte below): bit 7 the even code's sign, bits 1-3 its e1 e0 m
+// whole nibbles (fp4_stored_word below): bit 7 the even code's sign, bits 1-3 its e1 e0 m
 // (the high byte of its FP16 half after one mask), bits 4-6 the odd code's e1 e0 m and
 // bit 0 its sign. FP8: the 8 elements are 8 bytes in j order. A lane's codes come in
 // 16-byte parts (FP4: 4 k-steps, FP8: 2 k-steps), and the parts are stored part-major
@@ -118,16 +118,9 @@ FP4KV_HD constexpr FragmentSlot fragment_slot(int row, int col) {
 // Slot (0..7) of fragment element j within its lane's 32-bit FP4 word.
 FP4KV_HD constexpr int fp4_word_slot(int j) { return (j % 2) * 4 + j / 2; }
 
-// A stored FP4 byte from its even and odd codes (s e1 e0 m, 4 bits each), and back. Only
-// these functions, and the word forms below, know where a code's bits sit in a byte.
-FP4KV_HD constexpr uint8_t fp4_stored_byte(uint32_t even, uint32_t odd) {
-  return uint8_t(((even & 7u) << 1) | ((even & 8u) << 4) | ((odd & 7u) << 4) | ((odd & 8u) >> 3));
-}
-FP4KV_HD constexpr uint8_t fp4_code_of_stored(uint8_t byte, int odd) {
-  return odd ? uint8_t(((byte >> 4) & 7u) | ((byte & 1u) << 3)) : uint8_t(((byte >> 1) & 7u) | ((byte >> 4) & 8u));
-}
-// The same for the four bytes of a word: from "nibble form" (byte i = even code in the low
-// nibble, odd code in the high one: how the writers assemble words) to the stored form.
+// A word of four stored FP4 bytes from "nibble form" (byte i = even code in the low nibble,
+// odd code in the high one: how the writers assemble words), and back. Only these two
+// functions know where a code's bits sit in a byte; the byte forms below are built on them.
 FP4KV_HD constexpr uint32_t fp4_stored_word(uint32_t nibbles) {
   return ((nibbles & 0x07070707u) << 1) | ((nibbles & 0x08080808u) << 4) | (nibbles & 0x70707070u) |
          ((nibbles & 0x80808080u) >> 7);
@@ -135,6 +128,13 @@ FP4KV_HD constexpr uint32_t fp4_stored_word(uint32_t nibbles) {
 FP4KV_HD constexpr uint32_t fp4_nibble_word(uint32_t stored) {
   return ((stored >> 1) & 0x07070707u) | ((stored >> 4) & 0x08080808u) | (stored & 0x70707070u) |
          ((stored & 0x01010101u) << 7);
+}
+// A stored FP4 byte from its even and odd codes (s e1 e0 m, 4 bits each), and back.
+FP4KV_HD constexpr uint8_t fp4_stored_byte(uint32_t even, uint32_t odd) {
+  return uint8_t(fp4_stored_word((even & 0xFu) | ((odd & 0xFu) << 4)));
+}
+FP4KV_HD constexpr uint8_t fp4_code_of_stored(uint8_t byte, int odd) {
+  return uint8_t((fp4_nibble_word(byte) >> (4 * odd)) & 0xFu);
 }
 
 // Byte offset (from the codes sub-array) of an FP4 element of an A operand with `rows` x
