@@ -109,7 +109,8 @@ __device__ __forceinline__ void split_part(const KernelArgs& a, const CtaSmem& s
   q.load(sm.qfrag, lane);
 
   const PageLoopInputs<K> in{a, sm, src, q, map};
-  if constexpr (P::kBulk) bulk_page_loop<K>(in, tid, warp, lane, slice, st, acc);
+  if constexpr (K::kPagePairs) bulk_pair_loop<K>(in, tid, warp, lane, slice, st, acc);
+  else if constexpr (P::kBulk) bulk_page_loop<K>(in, tid, warp, lane, slice, st, acc);
   else bf16_page_loop<K>(in, tid, warp, lane, st, acc);
 
   if constexpr (!P::kBulk) cp_async_wait<0>();

@@ -134,12 +134,26 @@ struct ValueOwner {
   uint32_t p_addr;  // this lane's ldmatrix row in P^T buffer 0
 };
 
-// O^T += V^T P^T of the page in stage `st` with P^T from buffer `pbuf`: the warp's channel
-// groups over its KSP k-steps, two accumulator chains; then the online-softmax update.
+// The P.V role of a warp in a bulk page loop: its channel groups (o_channel_group), its
+// slice's first k-step, and its lane's ldmatrix row in P^T buffer 0 [head][key]: matrix
+// q = lane / 8 holds heads 0..7 x keys 16 (ks0 + q / 2) + 8 (q % 2) .. + 7, i.e. b0, b1
+// of two k-steps.
 template <class K>
-__device__ __forceinline__ void value_product(const uint8_t* st, int pbuf, const ValueOwner<K>& vo,
-                                              const float (&alpha_p)[K::NSLP], const float (&fac_p)[K::NSLP],
-                                              OAccum<K>& acc) {
+__device__ __forceinline__ ValueOwner<K> make_value_owner(const CtaSmem& sm, int warp, int lane, int slice) {
+  using P = typename K::Plan;
+  ValueOwner<K> vo;
+  vo.warp = warp;
+  vo.lane = lane;
+  vo.ks0 = P::KP == 1 ? 0 : slice * P::KSP;
+  vo.p_addr = smem_u32(sm.ps) + ((lane % 8) * kPsStride + (vo.ks0 + lane / 16) * 16 + ((lane / 8) % 2) * 8) * 2;
+  return vo;
+}
+
+// V^T P^T of the page in stage `st` with P^T from buffer `pbuf`: the warp's channel groups
+// over its KSP k-steps, two accumulator chains, summed into tmp.
+template <class K>
+__device__ __forceinline__ void value_tiles(const uint8_t* st, int pbuf, const ValueOwner<K>& vo,
+                                            float (&tmp)[K::CGW][K::NTP][4]) {
   using F = typename K::Fmt;
   using P = typename K::Plan;
   constexpr auto L = P::L;
@@ -180,13 +194,22 @@ __device__ __forceinline__ void value_product(const uint8_t* st, int pbuf, const
       F::value_kstep(tmp2, bacc, ci, vw, vsw, kk, pb);
     }
   }
-  float tmp[CGW][NTP][4];
 #pragma unroll
   for (int i = 0; i < CGW; ++i)
 #pragma unroll
     for (int j = 0; j < NTP; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) tmp[i][j][e] = tmp2[0][i][j][e] + tmp2[1][i][j][e];
+}
+
+// O^T += V^T P^T of the page in stage `st` (P^T in buffer `pbuf`) with the online-softmax
+// update.
+template <class K>
+__device__ __forceinline__ void value_product(const uint8_t* st, int pbuf, const ValueOwner<K>& vo,
+                                              const float (&alpha_p)[K::NSLP], const float (&fac_p)[K::NSLP],
+                                              OAccum<K>& acc) {
+  float tmp[K::CGW][K::NTP][4];
+  value_tiles<K>(st, pbuf, vo, tmp);
   accumulate<K>(acc, tmp, alpha_p, fac_p);
 }
 
@@ -268,13 +291,7 @@ __device__ __forceinline__ void bulk_page_loop(const PageLoopInputs<K>& in, int 
   constexpr int PSW = 16 * kPsStride / 2;  // 32-bit words of one P buffer
   const CtaSmem& sm = in.sm;
   const PageSource& src = in.src;
-  ValueOwner<K> vo;
-  vo.warp = warp;
-  vo.lane = lane;
-  vo.ks0 = P::KP == 1 ? 0 : slice * P::KSP;  // the warp's first P.V k-step
-  // ldmatrix row of this lane in the P^T buffer [head][key]: matrix q = lane / 8 holds
-  // heads 0..7 x keys 16 (ks0 + q / 2) + 8 (q % 2) .. + 7, i.e. b0, b1 of two k-steps.
-  vo.p_addr = smem_u32(sm.ps) + ((lane % 8) * kPsStride + (vo.ks0 + lane / 16) * 16 + ((lane / 8) % 2) * 8) * 2;
+  const ValueOwner<K> vo = make_value_owner<K>(sm, warp, lane, slice);
   int blk_next = (tid == 0 && NS < src.npg) ? __ldg(src.btab + src.p_begin + NS) : 0;
   float alpha_prev[NSLP], fac_prev[NSLP];
   StageRing<NS> ring;
@@ -304,6 +321,98 @@ __device__ __forceinline__ void bulk_page_loop(const PageLoopInputs<K>& in, int 
   }
   __syncthreads();  // P of the last page visible
   value_product<K>(sm.base + ring.prev * P::STAGE, (src.npg - 1) & 1, vo, alpha_prev, fac_prev, acc);  // page npg - 1
+}
+
+// Stage and mbarrier parity of a page in a ring of NS stages (page p: stage p % NS, parity
+// (p / NS) & 1), stepped a page at a time.
+template <int NS>
+struct StagePos {
+  int stage = 0;
+  uint32_t parity = 0;
+  __device__ __forceinline__ StagePos next() const {
+    StagePos n = *this;
+    if (++n.stage == NS) n.stage = 0, n.parity ^= 1u;
+    return n;
+  }
+};
+
+// The logits of page pg of the split (its stage at `pos`, once its copy has landed) and its
+// V page factor: S^T of the warp's 16 keys, scaled and masked (page_logits, nothing
+// published).
+template <class K>
+__device__ __forceinline__ void page_scores(const PageLoopInputs<K>& in, StagePos<K::Plan::NS> pos, int pg, int warp,
+                                            int lane, const SoftmaxState<K>& st, float (&sv)[K::NSL][2], float& vfac) {
+  using P = typename K::Plan;
+  mbar_wait(in.sm.bar0 + 8 * pos.stage, pos.parity);
+  const uint8_t* stage = in.sm.base + pos.stage * P::STAGE;
+  float kfac, unused[K::NSL];
+  K::Fmt::page_factors(stage, P::L.page_scales, kfac, vfac);
+  float acc2[2][K::NT][4];
+  key_product<K>(stage, warp, lane, in.q, acc2);
+  page_logits<K, false>(acc2, kfac, in.a.gamma, in.src.first_key(pg), in.src.valid_tokens(pg), 0, warp, in.map, st,
+                        in.sm.red_max, sv, unused);
+}
+
+// Bulk pages in pairs (K::kPagePairs: mixed mode). Pair j = pages a = 2j, b = 2j + 1 (b
+// absent at the end of an odd split): S of both, the pair's warp maxima, barrier 1 (tile
+// maxima published; every warp is past pair j - 1's P.V, so its two stages are refilled
+// with the pages NS ahead of them), the pair's softmax into P^T buffers 0 and 1, barrier 2
+// (P visible), O^T += V^T P^T of both pages by the channel owners. Two barriers a pair is
+// the single-page loop's one a page; what halves is the per-tile work: one tile maximum,
+// one rescale, one published maximum per slot for 32 keys a warp. red_max needs one buffer:
+// its reads (between the barriers) end before the next pair's writes (after barrier 2).
+template <class K>
+__device__ __forceinline__ void bulk_pair_loop(const PageLoopInputs<K>& in, int tid, int warp, int lane, int slice,
+                                               SoftmaxState<K>& st, OAccum<K>& acc) {
+  using P = typename K::Plan;
+  constexpr int NS = P::NS, NSL = K::NSL, NSLP = K::NSLP, CGW = K::CGW, NTP = K::NTP;
+  static_assert(NS >= 4, "a page pair in use and the next pair's copies in flight: four stages at least");
+  const CtaSmem& sm = in.sm;
+  const PageSource& src = in.src;
+  const ValueOwner<K> vo = make_value_owner<K>(sm, warp, lane, slice);
+  // start_page_stream copied pages 0 .. NS - 1; page fill_pg goes to stage fill_stage.
+  int fill_pg = NS, fill_stage = 0;
+  int blk_next[2] = {0, 0};  // block ids of pages fill_pg, fill_pg + 1 (thread 0)
+  if (tid == 0)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (fill_pg + i < src.npg) blk_next[i] = __ldg(src.btab + src.p_begin + fill_pg + i);
+  StagePos<NS> pos_a;
+  for (int j = 0, pa = 0; pa < src.npg; ++j, pa += 2) {
+    const bool two = pa + 1 < src.npg;
+    const StagePos<NS> pos_b = pos_a.next();
+    float sa[NSL][2], sb[NSL][2], wm[NSL], fa, fb = 0.0f;
+    page_scores<K>(in, pos_a, src.p_begin + pa, warp, lane, st, sa, fa);
+    if (two) {
+      page_scores<K>(in, pos_b, src.p_begin + pa + 1, warp, lane, st, sb, fb);
+    } else {
+#pragma unroll
+      for (int sl = 0; sl < NSL; ++sl) sb[sl][0] = sb[sl][1] = neg_inf();
+    }
+    publish_pair_max<K>(sa, sb, 0, warp, in.map, sm.red_max, wm);
+    __syncthreads();
+    if (tid == 0 && j > 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (fill_pg < src.npg)
+          bulk_copy_to_shared(smem_u32(sm.base + fill_stage * P::STAGE), src.block(blk_next[i]), P::STAGE,
+                              sm.bar0 + 8 * fill_stage);
+        ++fill_pg;
+        fill_stage = fill_stage + 1 == NS ? 0 : fill_stage + 1;
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        if (fill_pg + i < src.npg) blk_next[i] = __ldg(src.btab + src.p_begin + fill_pg + i);
+    }
+    float alpha_p[NSLP];
+    softmax_pair<K>(0, sa, sb, sm.ps, warp, in.map, sm.red_max, st, alpha_p);
+    __syncthreads();
+    float ta[CGW][NTP][4], tb[CGW][NTP][4];
+    value_tiles<K>(sm.base + pos_a.stage * P::STAGE, 0, vo, ta);
+    if (two) value_tiles<K>(sm.base + pos_b.stage * P::STAGE, 1, vo, tb);
+    accumulate_pair<K>(acc, ta, tb, two, alpha_p, fa, fb);
+    pos_a = pos_b.next();
+  }
 }
 
 // BF16 pages: cp.async stages; every warp does P.V of its own 16 keys into all channels.

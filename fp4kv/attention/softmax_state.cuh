@@ -42,6 +42,11 @@ struct SplitConfig {
   static constexpr bool kQuadSplitType = T == 1 && NT == 1 && !kPFp4 && F::kBulk;
   // MXFP4 P (native): a P block is a warp pair's 32 keys; the tile exponent scales P.V.
   static constexpr bool kMxProb = F::kE8M0Scales && kPFp4;
+  // Mixed mode, bulk pages, one column tile: the softmax tile is a page pair
+  // (bulk_pair_loop), halving the per-tile work (maxima, rescale, barriers' share), where
+  // the stages hold a pair and keep two pages in flight. FP4 P keeps the reference's
+  // one-page tile (its codes round against the tile maximum).
+  static constexpr bool kPagePairs = !kPFp4 && T == 1 && NT == 1 && F::kBulk && Plan::NS >= 4;
 };
 
 // The heads of a thread's slots.
@@ -79,12 +84,13 @@ struct SoftmaxState {
   }
 };
 
-// Slot sl's maximum over the warp's 16 keys, and its head's entry of red_max[buf][head][warp].
+// Slot sl's maximum over the warp's keys (x: this thread's), and its head's entry of
+// red_max[buf][head][warp].
 template <class K>
-__device__ __forceinline__ void publish_warp_max(const float (&sv)[K::NSL][2], int sl, int buf, int warp,
-                                                 const SlotMap<K>& map, float* red_max, float (&wm)[K::NSL]) {
+__device__ __forceinline__ void publish_warp_max(float x, int sl, int buf, int warp, const SlotMap<K>& map,
+                                                 float* red_max, float (&wm)[K::NSL]) {
   const int h = map.sm_head(sl);
-  wm[sl] = warp_max_xor(fmaxf(sv[sl][0], sv[sl][1]), 4);
+  wm[sl] = warp_max_xor(x, 4);
   if (map.lane < 4 && h < map.G) red_max[(buf * kMaxG + h) * kWarps + warp] = wm[sl];
 }
 
@@ -97,7 +103,9 @@ __device__ __forceinline__ void publish_warp_max(const float (&sv)[K::NSL][2], i
 // 16-bit P the test is once per page (warp-uniform, so full pages skip the per-key compares:
 // 1-2 % at long context); the FP4-P kernels keep the per-key select, which their register
 // allocation prefers (the per-page test cost them 1-3 %).
-template <class K>
+// kPublish = false (a page pair's first page, mixed mode): the logits only; the pair's
+// maxima are published by publish_pair_max.
+template <class K, bool kPublish = true>
 __device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], float kfac, float gamma, int first,
                                             int end, int buf, int warp, const SlotMap<K>& map,
                                             const SoftmaxState<K>& st, float* red_max, float (&sv)[K::NSL][2],
@@ -125,7 +133,7 @@ __device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], fl
         sv[sl][rr] = x;
       }
     }
-    if constexpr (K::kPFp4) publish_warp_max<K>(sv, sl, buf, warp, map, red_max, wm);
+    if constexpr (K::kPFp4) publish_warp_max<K>(fmaxf(sv[sl][0], sv[sl][1]), sl, buf, warp, map, red_max, wm);
   }
   if constexpr (!K::kPFp4) {
     if (masked_page) {
@@ -137,9 +145,22 @@ __device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], fl
           for (int sl = 0; sl < K::NSL; ++sl) sv[sl][rr] = neg_inf();
       }
     }
+    if constexpr (kPublish)
 #pragma unroll
-    for (int sl = 0; sl < K::NSL; ++sl) publish_warp_max<K>(sv, sl, buf, warp, map, red_max, wm);
+      for (int sl = 0; sl < K::NSL; ++sl) publish_warp_max<K>(fmaxf(sv[sl][0], sv[sl][1]), sl, buf, warp, map, red_max, wm);
   }
+}
+
+// The maxima of a page pair's logits (mixed mode: the softmax tile is two pages), per slot
+// over the warp's 32 keys, into red_max[buf][head][warp].
+template <class K>
+__device__ __forceinline__ void publish_pair_max(const float (&sa)[K::NSL][2], const float (&sb)[K::NSL][2], int buf,
+                                                 int warp, const SlotMap<K>& map, float* red_max, float (&wm)[K::NSL]) {
+  static_assert(!K::kPFp4, "page pairs are a mixed-mode tile");
+#pragma unroll
+  for (int sl = 0; sl < K::NSL; ++sl)
+    publish_warp_max<K>(fmaxf(fmaxf(sa[sl][0], sa[sl][1]), fmaxf(sb[sl][0], sb[sl][1])), sl, buf, warp, map, red_max,
+                        wm);
 }
 
 // The recipe's P rule (uniform per launch), read from the kernel arguments where used.
@@ -271,6 +292,62 @@ __device__ __forceinline__ void softmax_page(int buf, const float (&sv)[K::NSL][
   pv_slot_factors<K>(alpha_s, fac_s, vfac, map, alpha_p, fac_p);
 }
 
+// The softmax of a page pair (mixed mode, one query term), after the barrier that publishes
+// the pair's red_max[buf]: per slot one new running max from the pair's tile maximum, p =
+// 2^(s - m) as FP16 into P^T buffer 0 (page a, sa) and 1 (page b, sb; keys of a missing
+// page b come as -inf, p = 0), the running sum, and the P.V slots' rescale alpha_p. The
+// tile differs from softmax_page's only in how many keys share a maximum: the sums are the
+// same online softmax, the FP16 p round against the pair's maximum.
+template <class K>
+__device__ __forceinline__ void softmax_pair(int buf, const float (&sa)[K::NSL][2], const float (&sb)[K::NSL][2],
+                                             uint16_t* ps, int warp, const SlotMap<K>& map, const float* red_max,
+                                             SoftmaxState<K>& st, float (&alpha_p)[K::NSLP]) {
+  static_assert(!K::kPFp4 && K::T == 1, "page pairs are a mixed-mode tile of one query term");
+  constexpr int kPsEntries = 16 * kPsStride;  // 16-bit entries of one P^T buffer
+  using F = typename K::Fmt;
+  const int lane = map.lane;
+  float alpha_s[K::NSL], fac_s[K::NSL];
+  float sx[2][K::NSL][2];  // the slots' logits (own_head's), pages a and b
+#pragma unroll
+  for (int sl = 0; sl < K::NSL; ++sl)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) sx[0][sl][rr] = sa[sl][rr], sx[1][sl][rr] = sb[sl][rr];
+  if constexpr (K::kQuadSplitType) {
+    if (map.quad_split) {  // lanes q + 2 take lane q's slot 1 (head 2q + 1)
+#pragma unroll
+      for (int pg = 0; pg < 2; ++pg) {
+        const float s0 = __shfl_xor_sync(0xffffffffu, sx[pg][1][0], 2), s1 = __shfl_xor_sync(0xffffffffu, sx[pg][1][1], 2);
+        if (lane & 2) sx[pg][0][0] = s0, sx[pg][0][1] = s1;
+      }
+    }
+  }
+#pragma unroll
+  for (int sl = 0; sl < K::NSL; ++sl) {
+    const int h = map.own_head(sl);
+    alpha_s[sl] = 1.0f;
+    fac_s[sl] = 1.0f;
+    if (h >= map.G) continue;
+    const float mn = fmaxf(st.m[sl], tile_max(red_max, buf, h));
+    const float mz = mn == neg_inf() ? 0.0f : mn;  // no attended key yet: p = 0, alpha = 0
+    const float alpha = fast_exp2(__fsub_rn(st.m[sl], mz));
+    st.m[sl] = mn;
+    alpha_s[sl] = alpha;
+    float lsum = 0.0f;
+#pragma unroll
+    for (int pg = 0; pg < 2; ++pg)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const float p = fast_exp2(__fsub_rn(sx[pg][sl][rr], mz));
+        lsum += p;
+        const int key = 16 * warp + c_frag_row(lane, 2 * rr);
+        ps[pg * kPsEntries + h * kPsStride + key] = uint16_t(F::kBf16Mma ? bf16_bits(p) : half_bits(p));
+      }
+    st.l[sl] = __fadd_rn(__fmul_rn(st.l[sl], alpha), lsum);
+  }
+  float fac_p[K::NSLP];  // page factors are applied per page by accumulate_pair
+  pv_slot_factors<K>(alpha_s, fac_s, 1.0f, map, alpha_p, fac_p);
+}
+
 // The channel group (16 channels) of a warp's ci-th O accumulator: bulk formats spread the
 // groups over the warps (warp w owns w % (CG / CGW) + (CG / CGW) ci; the warp's partial-O
 // slice is w / (CG / CGW)); in BF16 kernels every warp holds every group.
@@ -312,6 +389,39 @@ __device__ __forceinline__ void accumulate(OAccum<K>& acc, const float (&tmp)[K:
       for (int j = 0; j < K::NTP; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc.o[i][j][e] = fmaf(tmp[i][j][e], fac_p[2 * j + e % 2], acc.o[i][j][e]);
+  }
+}
+
+// o = alpha o + fa ta + fb tb: a page pair's P.V partials (tb only when the pair has its
+// second page) with their pages' factors, per P.V slot; the rescale only when an alpha moved.
+template <class K>
+__device__ __forceinline__ void accumulate_pair(OAccum<K>& acc, const float (&ta)[K::CGW][K::NTP][4],
+                                                const float (&tb)[K::CGW][K::NTP][4], bool two,
+                                                const float (&alpha_p)[K::NSLP], float fa, float fb) {
+  bool rescale = false;
+#pragma unroll
+  for (int sp = 0; sp < K::NSLP; ++sp) rescale |= alpha_p[sp] != 1.0f;
+  if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+    for (int i = 0; i < K::CGW; ++i)
+#pragma unroll
+      for (int j = 0; j < K::NTP; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc.o[i][j][e] *= alpha_p[2 * j + e % 2];
+  }
+#pragma unroll
+  for (int i = 0; i < K::CGW; ++i)
+#pragma unroll
+    for (int j = 0; j < K::NTP; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc.o[i][j][e] = fmaf(ta[i][j][e], fa, acc.o[i][j][e]);
+  if (two) {
+#pragma unroll
+    for (int i = 0; i < K::CGW; ++i)
+#pragma unroll
+      for (int j = 0; j < K::NTP; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc.o[i][j][e] = fmaf(tb[i][j][e], fb, acc.o[i][j][e]);
   }
 }
 

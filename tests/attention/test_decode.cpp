@@ -19,7 +19,13 @@
 //    one p in 500 lands on the other side of an FP16 rounding boundary and moves by one
 //    FP16 ulp (2^-11 = 4.9e-4 of that weight); a short sequence dominated by a few keys
 //    turns that into up to ~3e-4 of the output (measured on H200: 2.6e-4 worst over all
-//    cases). kMixedTol = 1e-3 (the aim) bounds it with margin.
+//    cases). Where the kernel's softmax tile is a page pair (mixed mode on FP4 pages with
+//    one column tile, decode_mainloop.cuh bulk_pair_loop) and the reference's is a page,
+//    the same real p round to FP16 against different running maxima: any p may move by
+//    up to one FP16 ulp of its weight, not one in 500, so the output moves by up to
+//    ~2^-11 of the weight of the keys that are not their tile's maximum (the maximum's p
+//    is 1 in both); measured 2.9e-4 worst over all cases (H100). kMixedTol = 1e-3 (the
+//    aim) bounds both with margin.
 //  - native mode quantizes p to E2M1 from these slightly different p: where c p / s_b
 //    lies within a few ulps of an E2M1 decision boundary the code can differ (one grid
 //    step, up to 1/3 of one probability). Such flips are rare (a few per 1e5

@@ -146,7 +146,12 @@ struct Bounds {
   double mean_kl, top1, min_cosine;
 };
 constexpr Bounds kShallowModel{1e-3, 0.98, 0.999};  // pk8l's 8 layers
-constexpr Bounds kDeepModel{5e-3, 0.98, 0.995};     // 36 layers: the engine's float32 bound
+// 36 layers of random weights: the engine's float32 bound on KL and cosine. Top-1 is
+// printed, not bounded: a random model's largest logits are near-tied (measured 3 of 32
+// positions flipping at mean KL 1.4e-3), so its greedy token is decided by the noise
+// that KL and cosine bound (the ranks split the KV heads, so their split plans and
+// softmax tiles differ from one GPU's). The trained pk8l cases bound top-1.
+constexpr Bounds kDeepModel{5e-3, 0.0, 0.995};
 constexpr Bounds kRoutedModel{5e-2, 0.90, 0.999};   // MoE routing flips within the noise
 
 void expect_close(const std::vector<float>& want, const std::vector<float>& got, int vocab, const std::string& what,
@@ -239,7 +244,7 @@ TEST(TensorParallelGpu, RandomQwen3_4bSplitMatchesOneGpu) {
     rows.tokens = {17, 151000};
     m->fill_random_context(rows, context, 5);
     std::vector<float>& out = m == &one ? want : got;
-    for (int t = 0; t < 3; ++t) {
+    for (int t = 0; t < 16; ++t) {  // 2 rows x 16 steps: 32 positions
       m->step(rows);
       const std::vector<float> logits = m->read_logits();
       out.insert(out.end(), logits.begin(), logits.end());
