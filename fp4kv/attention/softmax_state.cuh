@@ -367,14 +367,20 @@ struct OAccum {
   float o[K::CGW][K::NTP][4];
 };
 
+// Whether any lane's running maximum moved (an alpha != 1): the warp then rescales O.
+template <class K>
+__device__ __forceinline__ bool alpha_moved(const float (&alpha_p)[K::NSLP]) {
+  bool moved = false;
+#pragma unroll
+  for (int sp = 0; sp < K::NSLP; ++sp) moved |= alpha_p[sp] != 1.0f;
+  return __any_sync(0xffffffffu, moved);
+}
+
 // o = alpha o + fac tmp, per P.V slot (head column); the rescale only when an alpha moved.
 template <class K>
 __device__ __forceinline__ void accumulate(OAccum<K>& acc, const float (&tmp)[K::CGW][K::NTP][4],
                                            const float (&alpha_p)[K::NSLP], const float (&fac_p)[K::NSLP]) {
-  bool rescale = false;
-#pragma unroll
-  for (int sp = 0; sp < K::NSLP; ++sp) rescale |= alpha_p[sp] != 1.0f;
-  if (__any_sync(0xffffffffu, rescale)) {
+  if (alpha_moved<K>(alpha_p)) {
 #pragma unroll
     for (int i = 0; i < K::CGW; ++i)
 #pragma unroll
@@ -393,35 +399,25 @@ __device__ __forceinline__ void accumulate(OAccum<K>& acc, const float (&tmp)[K:
 }
 
 // o = alpha o + fa ta + fb tb: a page pair's P.V partials (tb only when the pair has its
-// second page) with their pages' factors, per P.V slot; the rescale only when an alpha moved.
+// second page) with their pages' factors; alpha per P.V slot (the head column 2 j + e % 2
+// of element [i][j][e]), the rescale only when an alpha moved.
 template <class K>
 __device__ __forceinline__ void accumulate_pair(OAccum<K>& acc, const float (&ta)[K::CGW][K::NTP][4],
                                                 const float (&tb)[K::CGW][K::NTP][4], bool two,
                                                 const float (&alpha_p)[K::NSLP], float fa, float fb) {
-  bool rescale = false;
+  constexpr int kElems = K::CGW * K::NTP * 4;
+  float* o = &acc.o[0][0][0];
+  const float* a = &ta[0][0][0];
+  const float* b = &tb[0][0][0];
+  if (alpha_moved<K>(alpha_p)) {
 #pragma unroll
-  for (int sp = 0; sp < K::NSLP; ++sp) rescale |= alpha_p[sp] != 1.0f;
-  if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-    for (int i = 0; i < K::CGW; ++i)
-#pragma unroll
-      for (int j = 0; j < K::NTP; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc.o[i][j][e] *= alpha_p[2 * j + e % 2];
+    for (int x = 0; x < kElems; ++x) o[x] *= alpha_p[2 * (x / 4 % K::NTP) + x % 2];
   }
 #pragma unroll
-  for (int i = 0; i < K::CGW; ++i)
-#pragma unroll
-    for (int j = 0; j < K::NTP; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc.o[i][j][e] = fmaf(ta[i][j][e], fa, acc.o[i][j][e]);
+  for (int x = 0; x < kElems; ++x) o[x] = fmaf(a[x], fa, o[x]);
   if (two) {
 #pragma unroll
-    for (int i = 0; i < K::CGW; ++i)
-#pragma unroll
-      for (int j = 0; j < K::NTP; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc.o[i][j][e] = fmaf(tb[i][j][e], fb, acc.o[i][j][e]);
+    for (int x = 0; x < kElems; ++x) o[x] = fmaf(b[x], fb, o[x]);
   }
 }
 
