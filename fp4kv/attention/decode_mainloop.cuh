@@ -8,6 +8,8 @@
 // group, half the keys each) over all keys of the page, B = P^T of the whole page from
 // shared memory; so the page's one barrier publishes both the tile maxima of page i and P
 // of page i - 1, and every warp keeps only its channels of O. NS - 2 pages stay in flight.
+// Mixed mode (16-bit P, K::kPagePairs) takes the pages in pairs instead: one softmax tile of
+// two pages, P.V of the pair after a second barrier (bulk_pair_loop).
 // BF16: cp.async stages (zero fill, row swizzle) with the one barrier per page also
 // publishing the next page; every warp multiplies its own 16 keys into all channels of O
 // (8 partials, summed at the end), as its stages are too large for the lag.
