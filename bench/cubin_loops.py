@@ -15,7 +15,8 @@ bench/sass_count.py's for every decode kernel.
 Per kernel it prints the whole function's instructions and the three loops sass_count.py
 reports: the "page loop" (the first backward branch whose body holds the most HMMAs; code
 ptxas lays out inside it counts too), the smallest loop with as many HMMAs, and the
-innermost loop with any HMMA. With two cubins (a base and a new build of the same
+innermost loop with any HMMA (mixed-mode kernels with page-pair tiles, softmax_state.cuh
+kPagePairs, run two pages per iteration: halve their counts for a page). With two cubins (a base and a new build of the same
 instantiation unit, e.g. `nvcc -cubin` of build/fp4kv/attention/instances/*.cu with the
 flags in CMakeLists.txt) it pairs the kernels by template arguments and marks every count
 that grew. With --hist, the opcode histogram of each kernel's innermost MMA loop."""
