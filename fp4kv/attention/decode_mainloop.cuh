@@ -338,6 +338,13 @@ struct StagePos {
   }
 };
 
+// Block ids of the split's pages first, first + 1 (those that exist), from the row's table.
+__device__ __forceinline__ void read_block_ids(const PageSource& src, int first, int (&blk)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    if (first + i < src.npg) blk[i] = __ldg(src.btab + src.p_begin + first + i);
+}
+
 // The logits of page pg of the split (its stage at `pos`, once its copy has landed) and its
 // V page factor: S^T of the warp's 16 keys, scaled and masked (page_logits, nothing
 // published).
@@ -375,10 +382,7 @@ __device__ __forceinline__ void bulk_pair_loop(const PageLoopInputs<K>& in, int 
   // start_page_stream copied pages 0 .. NS - 1; page fill_pg goes to stage fill_stage.
   int fill_pg = NS, fill_stage = 0;
   int blk_next[2] = {0, 0};  // block ids of pages fill_pg, fill_pg + 1 (thread 0)
-  if (tid == 0)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      if (fill_pg + i < src.npg) blk_next[i] = __ldg(src.btab + src.p_begin + fill_pg + i);
+  if (tid == 0) read_block_ids(src, fill_pg, blk_next);
   StagePos<NS> pos_a;
   for (int j = 0, pa = 0; pa < src.npg; ++j, pa += 2) {
     const bool two = pa + 1 < src.npg;
@@ -391,7 +395,7 @@ __device__ __forceinline__ void bulk_pair_loop(const PageLoopInputs<K>& in, int 
 #pragma unroll
       for (int sl = 0; sl < NSL; ++sl) sb[sl][0] = sb[sl][1] = neg_inf();
     }
-    publish_pair_max<K>(sa, sb, 0, warp, in.map, sm.red_max, wm);
+    publish_pair_max<K>(sa, sb, warp, in.map, sm.red_max, wm);
     __syncthreads();
     if (tid == 0 && j > 0) {
 #pragma unroll
@@ -402,12 +406,10 @@ __device__ __forceinline__ void bulk_pair_loop(const PageLoopInputs<K>& in, int 
         ++fill_pg;
         fill_stage = fill_stage + 1 == NS ? 0 : fill_stage + 1;
       }
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        if (fill_pg + i < src.npg) blk_next[i] = __ldg(src.btab + src.p_begin + fill_pg + i);
+      read_block_ids(src, fill_pg, blk_next);
     }
     float alpha_p[NSLP];
-    softmax_pair<K>(0, sa, sb, sm.ps, warp, in.map, sm.red_max, st, alpha_p);
+    softmax_pair<K>(sa, sb, sm.ps, warp, in.map, sm.red_max, st, alpha_p);
     __syncthreads();
     float ta[CGW][NTP][4], tb[CGW][NTP][4];
     value_tiles<K>(sm.base + pos_a.stage * P::STAGE, 0, vo, ta);

@@ -152,15 +152,15 @@ __device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], fl
 }
 
 // The maxima of a page pair's logits (mixed mode: the softmax tile is two pages), per slot
-// over the warp's 32 keys, into red_max[buf][head][warp].
+// over the warp's 32 keys, into red_max[0][head][warp] (a pair needs one buffer:
+// bulk_pair_loop), and wm (as publish_warp_max's).
 template <class K>
-__device__ __forceinline__ void publish_pair_max(const float (&sa)[K::NSL][2], const float (&sb)[K::NSL][2], int buf,
-                                                 int warp, const SlotMap<K>& map, float* red_max, float (&wm)[K::NSL]) {
+__device__ __forceinline__ void publish_pair_max(const float (&sa)[K::NSL][2], const float (&sb)[K::NSL][2], int warp,
+                                                 const SlotMap<K>& map, float* red_max, float (&wm)[K::NSL]) {
   static_assert(!K::kPFp4, "page pairs are a mixed-mode tile");
 #pragma unroll
   for (int sl = 0; sl < K::NSL; ++sl)
-    publish_warp_max<K>(fmaxf(fmaxf(sa[sl][0], sa[sl][1]), fmaxf(sb[sl][0], sb[sl][1])), sl, buf, warp, map, red_max,
-                        wm);
+    publish_warp_max<K>(fmaxf(fmaxf(sa[sl][0], sa[sl][1]), fmaxf(sb[sl][0], sb[sl][1])), sl, 0, warp, map, red_max, wm);
 }
 
 // The recipe's P rule (uniform per launch), read from the kernel arguments where used.
@@ -184,25 +184,44 @@ __device__ __forceinline__ float pair_max(const float* red_max, int buf, int h, 
   return fmaxf(r[0], r[1]);
 }
 
+// The running maximum m of a slot raised to cover a tile whose maximum is mt: returns the
+// maximum the tile's p subtract and sets alpha = 2^(m_old - m_new), the rescale of l and O.
+// A tile (and split) with no attended key yet (the masked sink copy on page 0 with no BF16
+// recent and n <= 16) subtracts 0, so that p = 0 and alpha = 0, not NaN.
+__device__ __forceinline__ float raise_running_max(float& m, float mt, float& alpha) {
+  const float mn = fmaxf(m, mt);
+  const float mz = mn == neg_inf() ? 0.0f : mn;
+  alpha = fast_exp2(__fsub_rn(m, mz));
+  m = mn;
+  return mz;
+}
+
+// T == 1: the P.V slots' rescale from the softmax slots' (the same heads; with the quad
+// split, head 2q + 1's rescale lives in lane q + 2, and lanes q + 2 get lane q's: their
+// columns are padding heads, whose P is zero).
+template <class K>
+__device__ __forceinline__ void pv_slot_alphas(const float (&alpha_s)[K::NSL], const SlotMap<K>& map,
+                                               float (&alpha_p)[K::NSLP]) {
+  static_assert(K::T == 1 && K::NSL == K::NSLP, "T == 1: softmax and P.V slots coincide");
+#pragma unroll
+  for (int sp = 0; sp < K::NSLP; ++sp) alpha_p[sp] = alpha_s[sp];
+  if constexpr (K::kQuadSplitType) {
+    if (map.quad_split) alpha_p[1] = __shfl_xor_sync(0xffffffffu, alpha_s[0], 2);
+  }
+}
+
 // The P.V slots' rescale and page factors from the softmax slots'. T == 1: the same heads
-// (with the quad split, head 2q + 1's rescale lives in lane q + 2; lanes q + 2 get lane q's:
-// their columns are padding heads, whose P is zero). T == 2: the head of a P.V slot is a
-// softmax slot of a lane of this quad (head 4 sl + lane % 4): its factors come by shuffles,
-// not a second tile maximum; padding heads (>= G) take head G - 1's (finite, multiply zeros).
+// (pv_slot_alphas). T == 2: the head of a P.V slot is a softmax slot of a lane of this quad
+// (head 4 sl + lane % 4): its factors come by shuffles, not a second tile maximum; padding
+// heads (>= G) take head G - 1's (finite, multiply zeros).
 template <class K>
 __device__ __forceinline__ void pv_slot_factors(const float (&alpha_s)[K::NSL], const float (&fac_s)[K::NSL],
                                                 float vfac, const SlotMap<K>& map, float (&alpha_p)[K::NSLP],
                                                 float (&fac_p)[K::NSLP]) {
   if constexpr (K::T == 1) {
-    static_assert(K::T != 1 || K::NSL == K::NSLP, "T == 1: softmax and P.V slots coincide");
+    pv_slot_alphas<K>(alpha_s, map, alpha_p);
 #pragma unroll
-    for (int sp = 0; sp < K::NSLP; ++sp) {
-      alpha_p[sp] = alpha_s[sp];
-      fac_p[sp] = fac_s[sp];
-    }
-    if constexpr (K::kQuadSplitType) {
-      if (map.quad_split) alpha_p[1] = __shfl_xor_sync(0xffffffffu, alpha_s[0], 2);
-    }
+    for (int sp = 0; sp < K::NSLP; ++sp) fac_p[sp] = fac_s[sp];
   } else {
 #pragma unroll
     for (int sp = 0; sp < K::NSLP; ++sp) {
@@ -252,12 +271,8 @@ __device__ __forceinline__ void softmax_page(int buf, const float (&sv)[K::NSL][
     fac_s[sl] = vfac;
     if (h >= map.G) continue;
     const float mt = tile_max(red_max, buf, h);
-    const float mn = fmaxf(st.m[sl], mt);
-    // A tile (and split) with no attended key yet (the masked sink copy on page 0 with
-    // no BF16 recent and n <= 16): subtract 0 so that p = 0 and alpha = 0, not NaN.
-    const float mz = mn == neg_inf() ? 0.0f : mn;
-    const float alpha = fast_exp2(__fsub_rn(st.m[sl], mz));
-    st.m[sl] = mn;
+    float alpha;
+    const float mz = raise_running_max(st.m[sl], mt, alpha);
     float lsum = 0.0f;
     int etile = 0;
     int pexp = 0;  // MXFP4 P: the block exponent (a block is the warp pair's 32 keys)
@@ -293,20 +308,20 @@ __device__ __forceinline__ void softmax_page(int buf, const float (&sv)[K::NSL][
 }
 
 // The softmax of a page pair (mixed mode, one query term), after the barrier that publishes
-// the pair's red_max[buf]: per slot one new running max from the pair's tile maximum, p =
+// the pair's red_max[0]: per slot one new running max from the pair's tile maximum, p =
 // 2^(s - m) as FP16 into P^T buffer 0 (page a, sa) and 1 (page b, sb; keys of a missing
 // page b come as -inf, p = 0), the running sum, and the P.V slots' rescale alpha_p. The
 // tile differs from softmax_page's only in how many keys share a maximum: the sums are the
 // same online softmax, the FP16 p round against the pair's maximum.
 template <class K>
-__device__ __forceinline__ void softmax_pair(int buf, const float (&sa)[K::NSL][2], const float (&sb)[K::NSL][2],
+__device__ __forceinline__ void softmax_pair(const float (&sa)[K::NSL][2], const float (&sb)[K::NSL][2],
                                              uint16_t* ps, int warp, const SlotMap<K>& map, const float* red_max,
                                              SoftmaxState<K>& st, float (&alpha_p)[K::NSLP]) {
   static_assert(!K::kPFp4 && K::T == 1, "page pairs are a mixed-mode tile of one query term");
   constexpr int kPsEntries = 16 * kPsStride;  // 16-bit entries of one P^T buffer
   using F = typename K::Fmt;
   const int lane = map.lane;
-  float alpha_s[K::NSL], fac_s[K::NSL];
+  float alpha_s[K::NSL];
   float sx[2][K::NSL][2];  // the slots' logits (own_head's), pages a and b
 #pragma unroll
   for (int sl = 0; sl < K::NSL; ++sl)
@@ -325,13 +340,9 @@ __device__ __forceinline__ void softmax_pair(int buf, const float (&sa)[K::NSL][
   for (int sl = 0; sl < K::NSL; ++sl) {
     const int h = map.own_head(sl);
     alpha_s[sl] = 1.0f;
-    fac_s[sl] = 1.0f;
     if (h >= map.G) continue;
-    const float mn = fmaxf(st.m[sl], tile_max(red_max, buf, h));
-    const float mz = mn == neg_inf() ? 0.0f : mn;  // no attended key yet: p = 0, alpha = 0
-    const float alpha = fast_exp2(__fsub_rn(st.m[sl], mz));
-    st.m[sl] = mn;
-    alpha_s[sl] = alpha;
+    const float mz = raise_running_max(st.m[sl], tile_max(red_max, 0, h), alpha_s[sl]);
+    const float alpha = alpha_s[sl];
     float lsum = 0.0f;
 #pragma unroll
     for (int pg = 0; pg < 2; ++pg)
@@ -344,8 +355,7 @@ __device__ __forceinline__ void softmax_pair(int buf, const float (&sa)[K::NSL][
       }
     st.l[sl] = __fadd_rn(__fmul_rn(st.l[sl], alpha), lsum);
   }
-  float fac_p[K::NSLP];  // page factors are applied per page by accumulate_pair
-  pv_slot_factors<K>(alpha_s, fac_s, 1.0f, map, alpha_p, fac_p);
+  pv_slot_alphas<K>(alpha_s, map, alpha_p);  // the page factors: accumulate_pair
 }
 
 // The channel group (16 channels) of a warp's ci-th O accumulator: bulk formats spread the
