@@ -13,7 +13,8 @@ bench/sass_count.py's for every decode kernel.
   python3 bench/cubin_loops.py --hist A.cubin
 
 Per kernel it prints the whole function's instructions and the three loops sass_count.py
-reports: the "page loop" (the first backward branch whose body holds the most HMMAs; code
+reports, counting page MMAs only (FP16 in FP4 and FP8 kernels, whose BF16 MMAs are the
+sink/recent CTA's): the "page loop" (the first backward branch whose body holds the most; code
 ptxas lays out inside it counts too), the smallest loop with as many HMMAs, and the
 innermost loop with any HMMA (mixed-mode kernels with page-pair tiles, softmax_state.cuh
 kPagePairs, run two pages per iteration: halve their counts for a page). With two cubins (a base and a new build of the same
@@ -81,14 +82,28 @@ def instructions(code):
     return [int.from_bytes(code[i : i + 16], "little") for i in range(0, len(code), 16)]
 
 
+def is_bf16_hmma(word):
+    """An HMMA with BF16 operands (bit 82 of the word; checked against cuobjdump's .BF16)."""
+    return (word >> 82) & 1 == 1
+
+
+def page_mmas(ins):
+    """Predicate for the page loop's MMAs. Kernels over FP4 and FP8 pages multiply in FP16;
+    their BF16 MMAs are the sink/recent CTA's (sink_recent_part.cuh) and are not counted."""
+    hmma = [w for w in ins if w & 0xFFF == OP_HMMA]
+    want_bf16 = all(is_bf16_hmma(w) for w in hmma)
+    return lambda w: w & 0xFFF == OP_HMMA and is_bf16_hmma(w) == want_bf16
+
+
 def mma_loops(ins):
-    """(HMMA count, first, last) of every backward branch with an MMA in its body."""
+    """(HMMA count, first, last) of every backward branch with a page MMA in its body."""
     loops = []
+    is_page_mma = page_mmas(ins)
     for i, w in enumerate(ins):
         if w & 0xFFF == OP_BRA:
             t = branch_target(i, w)
             if t < i:
-                h = sum(1 for x in ins[t : i + 1] if x & 0xFFF == OP_HMMA)
+                h = sum(1 for x in ins[t : i + 1] if is_page_mma(x))
                 if h:
                     loops.append((h, t, i))
     return loops

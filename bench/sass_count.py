@@ -4,7 +4,8 @@
   python3 bench/sass_count.py SASS_TXT KERNEL_SUBSTRING [LABEL]
 
 Finds the function whose mangled name contains KERNEL_SUBSTRING, takes the backward branch
-whose body holds the most HMMA instructions (the page loop), and prints the opcode
+whose body holds the most page MMAs (the page loop; in FP4 and FP8 kernels the FP16 HMMAs,
+their BF16 ones being the sink/recent CTA's), and prints the opcode
 histogram of that body, the smallest loop with as many MMAs and the innermost MMA loop, the HMMA count (= 16 x 16 tiles x column tiles), and instructions
 per tile and per element (warp instructions x 32 lanes / elements)."""
 import re
@@ -66,7 +67,12 @@ def main():
             continue
         ins = parse(lines)
         index_of = {addr: i for i, (addr, _, _) in enumerate(ins)}
-        loops = []  # (HMMA count, first, last) of every backward branch with MMAs
+        # Kernels over FP4 and FP8 pages multiply in FP16; their BF16 MMAs are the sink/recent
+        # CTA's (sink_recent_part.cuh), not the page loop's.
+        hmma = [x[1] for x in ins if x[1].startswith("HMMA")]
+        want_bf16 = all(".BF16" in op for op in hmma)
+        is_page_mma = lambda op: op.startswith("HMMA") and (".BF16" in op) == want_bf16
+        loops = []  # (HMMA count, first, last) of every backward branch with page MMAs
         for i, (addr, op, body) in enumerate(ins):
             if op.startswith("BRA"):
                 m = re.search(r"0x([0-9a-f]+)", body)
@@ -75,7 +81,7 @@ def main():
                 tgt = int(m.group(1), 16)
                 if tgt < addr and tgt in index_of:
                     first = index_of[tgt]
-                    h = sum(1 for x in ins[first : i + 1] if x[1].startswith("HMMA"))
+                    h = sum(1 for x in ins[first : i + 1] if is_page_mma(x[1]))
                     if h:
                         loops.append((h, first, i))
         total = Counter(x[1].split(".")[0] for x in ins)

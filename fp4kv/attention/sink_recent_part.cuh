@@ -1,14 +1,18 @@
 // The BF16 sink + recent CTA of a (row, KV head): the tokens the recipe keeps in BF16 (the
-// first kSinkTokens and the recent ring of the slot buffer, cache/layout.h) attended with
-// FP32 CUDA-core math, its partial (o, base-2 LSE) written as split max_splits for the
-// combine. All rows are fetched at once (one memory latency), S = q'.k' by 8 lanes per key
-// with 3 shuffles (the lanes' query channels in registers), P.V by (channel pair, head
-// group) threads over the keys in four chains. This CTA is on the critical path of short
-// contexts (it runs beside split CTAs of a few pages each), so every phase is written to
-// keep shared-memory traffic and dependent chains short; the order of each sum is fixed.
+// first kSinkTokens and the recent ring of the slot buffer, cache/layout.h) attended on
+// tensor cores, its partial (o, base-2 LSE) written as split max_splits for the combine.
+// All kBf16Rows rows are fetched at once (one memory latency; rows past the row's count are
+// zero-filled, so the MMAs see zeros there, never stale NaNs). S^T = K Q^T and O^T = V^T P^T
+// by BF16 mma.m16n8k16 with FP32 accumulation; the FP32 operands (the rotated queries and
+// the probabilities) enter as two BF16 parts, hi = bf16(x) and lo = bf16(x - hi), whose
+// products with the BF16 keys and values are exact, so each dot product carries x to ~2^-16
+// relative, below the FP32 reference's summation-order differences that the tests bound.
+// This CTA runs beside split CTAs of a few pages at short contexts, so its phases are
+// short: two MMA passes and a warp-per-head softmax between them.
 #pragma once
 
 #include "fp4kv/attention/device_common.cuh"
+#include "fp4kv/attention/page_traits.cuh"
 #include "fp4kv/attention/smem_plan.cuh"
 #include "fp4kv/cache/layout.h"
 #include "fp4kv/core/decode_layout.h"
@@ -21,14 +25,19 @@ __device__ __forceinline__ int slot_row_of(int i, const DecodeLayout& L) {
   return i < L.sink_tokens ? i : kSinkTokens + (L.recent_begin + i - L.sink_tokens) % kPageTokens;
 }
 
-// Copies the BF16 rows the row attends (in attention order) from the slot to dst [rows][D].
+// Copies the BF16 rows the row attends (in attention order) from the slot to dst, kBf16Rows
+// rows of D, the 16-byte chunks swizzled as a BF16 page's (conflict-free ldmatrix); rows
+// from the row's count on are zero-filled.
 template <int D>
-__device__ __forceinline__ void load_slot_rows(uint16_t* dst, const uint16_t* src0, const DecodeLayout& L, int tid) {
+__device__ __forceinline__ void load_slot_rows(uint8_t* dst, const uint16_t* src0, const DecodeLayout& L, int tid) {
   constexpr int CPR = D / 8;  // 16-byte chunks per row
   const int nbf = L.bf16_tokens();
-  for (int c = tid; c < nbf * CPR; c += kThreads) {
+  const uint32_t dst0 = smem_u32(dst);
+  for (unsigned c = tid; c < kBf16Rows * CPR; c += kThreads) {
     const int i = c / CPR, ch = c % CPR;
-    cp_async16(smem_u32(dst + i * D + ch * 8), src0 + size_t(slot_row_of(i, L)) * D + ch * 8);
+    const bool attended = i < nbf;
+    cp_async16(dst0 + Bf16Page::chunk_offset<D>(i, ch), src0 + size_t(slot_row_of(attended ? i : 0, L)) * D + ch * 8,
+               attended ? 16 : 0);
   }
   cp_async_commit();
 }
@@ -46,8 +55,8 @@ __device__ bool start_sink_recent(const KernelArgs& a, uint8_t* region, int b, i
     if (tid < a.G) a.part_lse[(obase + tid) * (a.max_splits + 1) + a.max_splits] = neg_inf();
     return false;
   }
-  uint16_t* Kc = reinterpret_cast<uint16_t*>(region);  // [144][D] bf16
-  uint16_t* Vc = Kc + kBf16Rows * D;                   // [144][D] bf16
+  uint8_t* Kc = region;                                           // [144][D] bf16, swizzled
+  uint8_t* Vc = region + kBf16Rows * D * sizeof(uint16_t);  // [144][D] bf16, swizzled
   const uint16_t* kb = a.slot_buffer + cache::slot_row_offset(0, slot, kvh, 0, 0, a.slots, a.kv_heads, D);
   const uint16_t* vb = a.slot_buffer + cache::slot_row_offset(0, slot, kvh, 1, 0, a.slots, a.kv_heads, D);
   load_slot_rows<D>(Kc, kb, L, tid);
@@ -55,59 +64,48 @@ __device__ bool start_sink_recent(const KernelArgs& a, uint8_t* region, int b, i
   return true;
 }
 
-// S of the BF16 rows: Sb[h][i] = gamma (q_h . k_i) for heads h < G and keys i < nbf. Key
-// i = pass * 32 + warp * 4 + lane / 8; lane % 8 (`sub`) takes the 16-byte chunks sub, sub + 8,
-// ... of the key row and holds the same channels of HQ heads' queries in registers through
-// all passes, so each query element is read from shared memory once per lane, not once per
-// key (per key, 4 warps x G heads x d floats a pass made this loop shared-memory bound), and
-// the HQ heads' FMA chains overlap. A group past G reads query rows up to HQ ceil(G / HQ) - 1
-// of qf (inside its buffer, which holds GMAX rows, a multiple of 4) and drops their sums.
+// x0, x1 as two BF16 pairs whose sum is (x0, x1) to ~2^-16 relative: hi = bf16(x) and
+// lo = bf16(x - hi) (x - hi is exact in FP32); the lower k in the low half, as MMA operands.
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const uint32_t h0 = bf16_bits(x0), h1 = bf16_bits(x1);
+  hi = h0 | (h1 << 16);
+  lo = bf16_bits(__fsub_rn(x0, __uint_as_float(h0 << 16))) | (bf16_bits(__fsub_rn(x1, __uint_as_float(h1 << 16))) << 16);
+}
+
+// S of the BF16 rows: Sb[h][i] = gamma (q_h . k_i) for heads h < G and keys i < nbf, as S^T
+// (keys x heads) = K Q^T: warp w takes the key tiles w, w + kWarps, ... and each column tile
+// of 8 heads; A = 16 keys x 16 channels by ldmatrix, B = the queries' hi and lo parts.
 template <int D>
-__device__ __forceinline__ void sink_recent_scores(const uint16_t* Kc, const float* qf, float* Sb, int G, int nbf,
+__device__ __forceinline__ void sink_recent_scores(const uint8_t* Kc, const float* qf, float* Sb, int G, int nbf,
                                                    float gamma, int warp, int lane) {
-  constexpr int CH = D / 64;            // chunks per lane
-  constexpr int HQ = D <= 128 ? 4 : 2;  // heads per register group: HQ x CH x 8 floats
-  const int sub = lane % 8;
-  for (int h0 = 0; h0 < G; h0 += HQ) {
-    float q[HQ][CH][8];
-#pragma unroll
-    for (int j = 0; j < HQ; ++j)
-#pragma unroll
-      for (int k = 0; k < CH; ++k) {
-        const float* src = qf + (h0 + j) * D + (sub + 8 * k) * 8;
-        const float4 q0 = *reinterpret_cast<const float4*>(src);
-        const float4 q1 = *reinterpret_cast<const float4*>(src + 4);
-        q[j][k][0] = q0.x, q[j][k][1] = q0.y, q[j][k][2] = q0.z, q[j][k][3] = q0.w;
-        q[j][k][4] = q1.x, q[j][k][5] = q1.y, q[j][k][6] = q1.z, q[j][k][7] = q1.w;
-      }
-    for (int base = 0; base < nbf; base += 4 * kWarps) {
-      const int i = base + warp * 4 + lane / 8;
-      const bool key_ok = i < nbf;
-      float dot[HQ];
-#pragma unroll
-      for (int j = 0; j < HQ; ++j) dot[j] = 0.0f;
-#pragma unroll
-      for (int k = 0; k < CH; ++k) {
-        uint4 w = make_uint4(0u, 0u, 0u, 0u);
-        if (key_ok) w = *reinterpret_cast<const uint4*>(Kc + i * D + (sub + 8 * k) * 8);
-        const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float kv = e % 2 ? bf16_high_as_float(wv[e / 2]) : bf16_low_as_float(wv[e / 2]);
-#pragma unroll
-          for (int j = 0; j < HQ; ++j) dot[j] = fmaf(q[j][k][e], kv, dot[j]);
+  const int column_tiles = (G + 7) / 8;
+  for (int kt = warp; kt * 16 < nbf; kt += kWarps)
+    for (int nt = 0; nt < column_tiles; ++nt) {
+      const int h = nt * 8 + lane / 4;  // the lane's B column
+      const float* q = qf + h * D + 2 * (lane % 4);
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const int m = lane / 8;  // the ldmatrix sub-matrix this lane addresses
+        uint32_t af[4];
+        ldmatrix_x4(af, smem_u32(Kc + Bf16Page::chunk_offset<D>(kt * 16 + (m % 2) * 8 + lane % 8, ks * 2 + m / 2)));
+        float2 q0 = make_float2(0.0f, 0.0f), q1 = q0;
+        if (h < G) {
+          q0 = *reinterpret_cast<const float2*>(q + ks * 16);
+          q1 = *reinterpret_cast<const float2*>(q + ks * 16 + 8);
         }
+        uint32_t hi0, lo0, hi1, lo1;
+        split_bf16x2(q0.x, q0.y, hi0, lo0);
+        split_bf16x2(q1.x, q1.y, hi1, lo1);
+        mma_bf16(acc, af, hi0, hi1);
+        mma_bf16(acc, af, lo0, lo1);
       }
 #pragma unroll
-      for (int j = 0; j < HQ; ++j) {
-        float x = dot[j];
-        x += __shfl_xor_sync(0xffffffffu, x, 1);
-        x += __shfl_xor_sync(0xffffffffu, x, 2);
-        x += __shfl_xor_sync(0xffffffffu, x, 4);
-        if (sub == 0 && key_ok && h0 + j < G) Sb[(h0 + j) * kBf16Rows + i] = __fmul_rn(x, gamma);
+      for (int e = 0; e < 4; ++e) {
+        const int i = kt * 16 + c_frag_row(lane, e), hh = nt * 8 + c_frag_col(lane, e);
+        if (i < nbf && hh < G) Sb[hh * kBf16Rows + i] = __fmul_rn(acc[e], gamma);
       }
     }
-  }
 }
 
 // The softmax of the BF16 rows, a warp per head: Sb[h][i] becomes p = 2^(s - m); red[h] = m,
@@ -131,73 +129,47 @@ __device__ __forceinline__ void sink_recent_softmax(float* Sb, float* red, int G
   }
 }
 
-// Heads one pass of the P.V threads covers: kThreads threads over D / 2 channel pairs.
-template <int D>
-inline constexpr int kSinkValueHeadsPerPass = kThreads / (D / 2);
-
 // P.V of the BF16 rows and the partial (o, base-2 LSE) of each head, written as split
-// max_splits. Thread owns channels 2 cp, 2 cp + 1 of NH heads a pass: h, h + HG, ... (h = hg,
-// hg + NH HG, ...), so each V word it loads serves NH heads. Per head the keys run in kChains
-// interleaved FMA chains (added in a fixed order at the end) and the key loop holds no
-// branch, so the shared-memory loads of successive keys overlap. A head of the pass at or
-// past G (NH = 2) reads a probability row below kMaxG (h + HG <= 15 for every G <= 16) and
-// is not written.
-template <int D, int NH>
-__device__ __forceinline__ void sink_recent_values(const KernelArgs& a, const uint16_t* Vc, const float* Sb,
-                                                   const float* red, size_t obase, int G, int nbf, int tid) {
-  constexpr int PAIRS = D / 2;
-  constexpr int HG = kSinkValueHeadsPerPass<D>;
-  constexpr int kChains = 4;
-  static_assert(kChains == 4, "the partials below add four chains");
+// max_splits: O^T (channels x heads) = V^T P^T, warp w taking the channel tiles w, w + kWarps,
+// ... and each column tile of 8 heads over all keys; A = 16 channels x 16 keys by transposed
+// ldmatrix, B = the probabilities' hi and lo parts (zero past nbf and past G).
+template <int D>
+__device__ __forceinline__ void sink_recent_values(const KernelArgs& a, const uint8_t* Vc, const float* Sb,
+                                                   const float* red, size_t obase, int G, int nbf, int warp,
+                                                   int lane) {
+  const int column_tiles = (G + 7) / 8, key_steps = (nbf + 15) / 16;
   const int S1 = a.max_splits + 1;
-  const int cp = tid % PAIRS, hg = tid / PAIRS;
-  const uint32_t* V32 = reinterpret_cast<const uint32_t*>(Vc);
-  for (int h = hg; h < G; h += NH * HG) {
-    float o0[NH][kChains], o1[NH][kChains];
+  for (int ct = warp; ct < D / 16; ct += kWarps)
+    for (int nt = 0; nt < column_tiles; ++nt) {
+      const int h = nt * 8 + lane / 4;  // the lane's B column
+      const float* p = Sb + h * kBf16Rows + 2 * (lane % 4);
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int ks = 0; ks < key_steps; ++ks) {
+        const int m = lane / 8;
+        uint32_t af[4];
+        ldmatrix_x4_trans(af, smem_u32(Vc + Bf16Page::chunk_offset<D>(ks * 16 + (m / 2) * 8 + lane % 8, ct * 2 + m % 2)));
+        const int k0 = ks * 16 + 2 * (lane % 4);  // the lane's keys: k0, k0 + 1, k0 + 8, k0 + 9
+        float pk[4];
 #pragma unroll
-    for (int n = 0; n < NH; ++n)
-#pragma unroll
-      for (int c = 0; c < kChains; ++c) o0[n][c] = o1[n][c] = 0.0f;
-    int i = 0;
-#pragma unroll 2
-    for (; i + kChains <= nbf; i += kChains) {
-      float p[NH][kChains];
-#pragma unroll
-      for (int n = 0; n < NH; ++n) {  // i is a multiple of 4: one 16-byte load per head
-        const float4 p4 = *reinterpret_cast<const float4*>(Sb + (h + n * HG) * kBf16Rows + i);
-        p[n][0] = p4.x, p[n][1] = p4.y, p[n][2] = p4.z, p[n][3] = p4.w;
-      }
-#pragma unroll
-      for (int c = 0; c < kChains; ++c) {
-        const uint32_t w = V32[(i + c) * PAIRS + cp];
-        const float vlo = bf16_low_as_float(w), vhi = bf16_high_as_float(w);
-#pragma unroll
-        for (int n = 0; n < NH; ++n) {
-          o0[n][c] = fmaf(p[n][c], vlo, o0[n][c]);
-          o1[n][c] = fmaf(p[n][c], vhi, o1[n][c]);
+        for (int r = 0; r < 4; ++r) {
+          const int key = k0 + (r / 2) * 8 + r % 2;
+          pk[r] = h < G && key < nbf ? p[ks * 16 + (r / 2) * 8 + r % 2] : 0.0f;
         }
+        uint32_t hi0, lo0, hi1, lo1;
+        split_bf16x2(pk[0], pk[1], hi0, lo0);
+        split_bf16x2(pk[2], pk[3], hi1, lo1);
+        mma_bf16(acc, af, hi0, hi1);
+        mma_bf16(acc, af, lo0, lo1);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = ct * 16 + c_frag_row(lane, e), hh = nt * 8 + c_frag_col(lane, e);
+        if (hh >= G) continue;
+        const float l = red[kMaxG + hh];
+        a.part_o[((obase + hh) * S1 + a.max_splits) * D + c] = acc[e] / l;
+        if (c == 0) a.part_lse[(obase + hh) * S1 + a.max_splits] = red[hh] + log2f(l);
       }
     }
-    for (; i < nbf; ++i) {  // the last nbf % kChains keys
-      const uint32_t w = V32[i * PAIRS + cp];
-#pragma unroll
-      for (int n = 0; n < NH; ++n) {
-        const float p = Sb[(h + n * HG) * kBf16Rows + i];
-        o0[n][0] = fmaf(p, bf16_low_as_float(w), o0[n][0]);
-        o1[n][0] = fmaf(p, bf16_high_as_float(w), o1[n][0]);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NH; ++n) {
-      const int hn = h + n * HG;
-      if (hn >= G) continue;
-      const float l = red[kMaxG + hn];
-      float* dst = a.part_o + ((obase + hn) * S1 + a.max_splits) * D + 2 * cp;
-      dst[0] = ((o0[n][0] + o0[n][1]) + (o0[n][2] + o0[n][3])) / l;
-      dst[1] = ((o1[n][0] + o1[n][1]) + (o1[n][2] + o1[n][3])) / l;
-      if (cp == 0) a.part_lse[(obase + hn) * S1 + a.max_splits] = red[hn] + log2f(l);
-    }
-  }
 }
 
 // The rest of the CTA's work, after start_sink_recent and the query prologue (qf: the rotated
@@ -207,8 +179,8 @@ __device__ void sink_recent_part(const KernelArgs& a, uint8_t* region, const flo
                                  const DecodeLayout& L, int tid) {
   const int G = a.G, warp = tid / 32, lane = tid % 32;
   const int nbf = L.bf16_tokens();
-  const uint16_t* Kc = reinterpret_cast<const uint16_t*>(region);
-  const uint16_t* Vc = Kc + kBf16Rows * D;
+  const uint8_t* Kc = region;
+  const uint8_t* Vc = region + kBf16Rows * D * sizeof(uint16_t);
   float* Sb = reinterpret_cast<float*>(region + 2 * kBf16Rows * D * sizeof(uint16_t));  // [kMaxG][144]
   const size_t obase = size_t(b) * a.q_heads + size_t(kvh) * G;
   cp_async_wait<0>();
@@ -217,10 +189,7 @@ __device__ void sink_recent_part(const KernelArgs& a, uint8_t* region, const flo
   __syncthreads();
   sink_recent_softmax(Sb, red, G, nbf, warp, lane);
   __syncthreads();
-  if (G > kSinkValueHeadsPerPass<D>)
-    sink_recent_values<D, 2>(a, Vc, Sb, red, obase, G, nbf, tid);
-  else
-    sink_recent_values<D, 1>(a, Vc, Sb, red, obase, G, nbf, tid);
+  sink_recent_values<D>(a, Vc, Sb, red, obase, G, nbf, warp, lane);
 }
 
 }  // namespace fp4kv::attention::detail
