@@ -55,7 +55,7 @@ __device__ bool start_sink_recent(const KernelArgs& a, uint8_t* region, int b, i
     if (tid < a.G) a.part_lse[(obase + tid) * (a.max_splits + 1) + a.max_splits] = neg_inf();
     return false;
   }
-  uint8_t* Kc = region;                                           // [144][D] bf16, swizzled
+  uint8_t* Kc = region;                                     // [144][D] bf16, swizzled
   uint8_t* Vc = region + kBf16Rows * D * sizeof(uint16_t);  // [144][D] bf16, swizzled
   const uint16_t* kb = a.slot_buffer + cache::slot_row_offset(0, slot, kvh, 0, 0, a.slots, a.kv_heads, D);
   const uint16_t* vb = a.slot_buffer + cache::slot_row_offset(0, slot, kvh, 1, 0, a.slots, a.kv_heads, D);
