@@ -17,8 +17,8 @@ reports, counting page MMAs only (FP16 in FP4 and FP8 kernels, whose BF16 MMAs a
 sink/recent CTA's): the "page loop" (the first backward branch whose body holds the most; code
 ptxas lays out inside it counts too), the smallest loop with as many HMMAs, and the
 innermost loop with any HMMA (mixed-mode kernels with page-pair tiles, softmax_state.cuh
-kPagePairs, run two pages per iteration: halve their counts for a page). With two cubins (a base and a new build of the same
-instantiation unit, e.g. `nvcc -cubin` of build/fp4kv/attention/instances/*.cu with the
+kPagePairs, run two pages per iteration: halve their counts for a page). With two cubins (a
+base and a new build of the same instantiation unit, e.g. `nvcc -cubin` of build/fp4kv/attention/instances/*.cu with the
 flags in CMakeLists.txt) it pairs the kernels by template arguments and marks every count
 that grew. With --hist, the opcode histogram of each kernel's innermost MMA loop."""
 import re
@@ -26,7 +26,7 @@ import struct
 import sys
 from collections import Counter
 
-from sass_count import pick_page_loops, span_len
+from sass_count import page_mmas_are_bf16, pick_page_loops, span_len
 
 OP_BRA, OP_HMMA = 0x947, 0x23C
 # Mnemonics of the opcodes (bits 0..11) the decode kernels' page loops use, read off
@@ -88,10 +88,8 @@ def is_bf16_hmma(word):
 
 
 def page_mmas(ins):
-    """Predicate for the page loop's MMAs. Kernels over FP4 and FP8 pages multiply in FP16;
-    their BF16 MMAs are the sink/recent CTA's (sink_recent_part.cuh) and are not counted."""
-    hmma = [w for w in ins if w & 0xFFF == OP_HMMA]
-    want_bf16 = all(is_bf16_hmma(w) for w in hmma)
+    """Predicate for the page loop's MMAs (sass_count.page_mmas_are_bf16)."""
+    want_bf16 = page_mmas_are_bf16(is_bf16_hmma(w) for w in ins if w & 0xFFF == OP_HMMA)
     return lambda w: w & 0xFFF == OP_HMMA and is_bf16_hmma(w) == want_bf16
 
 

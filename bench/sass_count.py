@@ -13,6 +13,13 @@ import sys
 from collections import Counter
 
 
+def page_mmas_are_bf16(hmma_is_bf16):
+    """Whether a kernel's page-loop MMAs are its BF16 ones, from each HMMA's BF16 flag. Kernels
+    over FP4 and FP8 pages multiply pages in FP16, their BF16 MMAs being the sink/recent CTA's
+    (sink_recent_part.cuh); kernels over BF16 pages have BF16 MMAs only."""
+    return all(hmma_is_bf16)
+
+
 def functions(text):
     cur, lines = None, []
     for ln in text.splitlines():
@@ -67,10 +74,7 @@ def main():
             continue
         ins = parse(lines)
         index_of = {addr: i for i, (addr, _, _) in enumerate(ins)}
-        # Kernels over FP4 and FP8 pages multiply in FP16; their BF16 MMAs are the sink/recent
-        # CTA's (sink_recent_part.cuh), not the page loop's.
-        hmma = [x[1] for x in ins if x[1].startswith("HMMA")]
-        want_bf16 = all(".BF16" in op for op in hmma)
+        want_bf16 = page_mmas_are_bf16(".BF16" in x[1] for x in ins if x[1].startswith("HMMA"))
         is_page_mma = lambda op: op.startswith("HMMA") and (".BF16" in op) == want_bf16
         loops = []  # (HMMA count, first, last) of every backward branch with page MMAs
         for i, (addr, op, body) in enumerate(ins):

@@ -319,7 +319,6 @@ __device__ __forceinline__ void softmax_pair(const float (&sa)[K::NSL][2], const
                                              SoftmaxState<K>& st, float (&alpha_p)[K::NSLP]) {
   static_assert(!K::kPFp4 && K::T == 1, "page pairs are a mixed-mode tile of one query term");
   constexpr int kPsEntries = 16 * kPsStride;  // 16-bit entries of one P^T buffer
-  using F = typename K::Fmt;
   const int lane = map.lane;
   float alpha_s[K::NSL];
   float sx[2][K::NSL][2];  // the slots' logits (own_head's), pages a and b
@@ -351,7 +350,7 @@ __device__ __forceinline__ void softmax_pair(const float (&sa)[K::NSL][2], const
         const float p = fast_exp2(__fsub_rn(sx[pg][sl][rr], mz));
         lsum += p;
         const int key = 16 * warp + c_frag_row(lane, 2 * rr);
-        ps[pg * kPsEntries + h * kPsStride + key] = uint16_t(F::kBf16Mma ? bf16_bits(p) : half_bits(p));
+        ps[pg * kPsEntries + h * kPsStride + key] = uint16_t(half_bits(p));  // bulk pages: FP16 MMAs
       }
     st.l[sl] = __fadd_rn(__fmul_rn(st.l[sl], alpha), lsum);
   }
