@@ -6,7 +6,8 @@
 //   throughput  N requests of a long prompt and `--output-tokens` tokens each, submitted at
 //               once to the scheduler with the real block pool of --gpu-memory-utilization:
 //               output tokens/s, peak running requests, preemptions, every request checked
-//               complete (prompts enter the cache by the synthetic prefill of GpuBackend);
+//               complete (prompts enter the cache by the synthetic prefill of GpuBackend; its
+//               fills' own time is reported beside the prompt steps', counted in the rate);
 //   overhead    the cache's own work per step (control kernel, append, promotion) at 4K,
 //               batch 1: the step graph with it minus the step graph without it;
 //   capacity    the longest single context each preset's pool holds, and a 1M-token context
@@ -132,6 +133,7 @@ struct ThroughputPoint {
   // Where the wall time went: steps that fed a prompt chunk (with the decodes beside it), and
   // decode-only steps with the rows they decoded.
   double prompt_step_seconds = 0, decode_step_seconds = 0;
+  double fill_seconds = 0;  // of the prompt steps: the synthetic fills (a stand-in for prompt forward passes)
   long long decode_steps = 0, decode_rows = 0;
 };
 
@@ -155,7 +157,8 @@ bool timed_step(engine::Engine& e, ThroughputPoint& pt) {
   return more;
 }
 
-ThroughputPoint run_concurrency(engine::Engine& e, int n, int context, int output, int vocab, uint64_t seed) {
+ThroughputPoint run_concurrency(engine::Engine& e, const engine::GpuBackend& backend, int n, int context, int output,
+                                int vocab, uint64_t seed) {
   std::mt19937 rng{static_cast<uint32_t>(seed)};
   std::uniform_int_distribution<int> token(0, vocab - 1);
   const long long preempted_before = e.counters().preemptions;
@@ -170,10 +173,12 @@ ThroughputPoint run_concurrency(engine::Engine& e, int n, int context, int outpu
   }
   ThroughputPoint pt;
   pt.requests = n;
+  const double fill_before = backend.synthetic_fill_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   while (timed_step(e, pt)) {
   }
   pt.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  pt.fill_seconds = backend.synthetic_fill_seconds() - fill_before;
   pt.preemptions = e.counters().preemptions - preempted_before;
   for (uint64_t id : ids) {  // every request must have produced all its tokens
     long long got = 0;
@@ -196,7 +201,7 @@ void throughput_part(Run& run, const E2eArgs& A) {
             std::to_string(A.output_tokens) + " output tokens each; block pool of --gpu-memory-utilization " +
             std::to_string(A.gpu_memory_utilization).substr(0, 4) + ")\n\n"
             "| preset | pool tokens | requests | output tok/s | x bf16 | peak running | preemptions | completed | "
-            "prompt steps s | decode steps s | decode step ms (mean rows) |\n"
+            "prompt steps s (fill s) | decode steps s | decode step ms (mean rows) |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::vector<double> bf16_rate(levels.size(), 0.0);
   for (const std::string& preset : split_csv(A.presets)) {
@@ -216,20 +221,22 @@ void throughput_part(Run& run, const E2eArgs& A) {
     sc.prefill_chunk = A.throughput_context;  // a prompt enters in one synthetic chunk
     sc.max_step_tokens = A.throughput_context + max_batch;
     sc.total_blocks = cap.blocks;
-    engine::Engine e(std::make_unique<engine::GpuBackend>(m, /*synthetic_prefill=*/true), sc,
+    auto backend = std::make_unique<engine::GpuBackend>(m, /*synthetic_prefill=*/true);
+    const engine::GpuBackend& gpu_backend = *backend;
+    engine::Engine e(std::move(backend), sc,
                      engine::TextCodec{[](std::string_view) { return std::vector<int>{}; },
                                        [](const std::vector<int>&) { return std::string(); }});
     for (size_t i = 0; i < levels.size(); ++i) {
-      const ThroughputPoint pt = run_concurrency(e, levels[i], A.throughput_context, A.output_tokens, c.vocab_size, 100 + i);
+      const ThroughputPoint pt = run_concurrency(e, gpu_backend, levels[i], A.throughput_context, A.output_tokens, c.vocab_size, 100 + i);
       const double rate = double(pt.output_tokens) / pt.seconds;
       if (preset == "bf16") bf16_rate[i] = rate;
       const double decode_ms = pt.decode_steps ? 1e3 * pt.decode_step_seconds / double(pt.decode_steps) : 0.0;
       const double decode_rows = pt.decode_steps ? double(pt.decode_rows) / double(pt.decode_steps) : 0.0;
       char line[320];
-      std::snprintf(line, sizeof line, "| %s | %lld | %d | %.0f | %s | %d | %lld | %d / %d | %.2f | %.2f | %.2f (%.1f) |\n",
+      std::snprintf(line, sizeof line, "| %s | %lld | %d | %.0f | %s | %d | %lld | %d / %d | %.2f (%.2f) | %.2f | %.2f (%.1f) |\n",
                     preset.c_str(), cap.tokens(), pt.requests, rate,
                     bf16_rate[i] > 0 ? std::to_string(rate / bf16_rate[i]).substr(0, 4).c_str() : "-", pt.peak_running,
-                    pt.preemptions, pt.completed, pt.requests, pt.prompt_step_seconds, pt.decode_step_seconds,
+                    pt.preemptions, pt.completed, pt.requests, pt.prompt_step_seconds, pt.fill_seconds, pt.decode_step_seconds,
                     decode_ms, decode_rows);
       std::printf("%s", line);
       std::fflush(stdout);
@@ -239,6 +246,7 @@ void throughput_part(Run& run, const E2eArgs& A) {
                                      {"peak_running", pt.peak_running},
                                      {"preemptions", pt.preemptions}, {"completed", pt.completed},
                                      {"seconds", pt.seconds}, {"prompt_step_seconds", pt.prompt_step_seconds},
+                                     {"synthetic_fill_seconds", pt.fill_seconds},
                                      {"decode_step_seconds", pt.decode_step_seconds}, {"decode_steps", pt.decode_steps},
                                      {"decode_rows", pt.decode_rows}});
     }

@@ -1,5 +1,6 @@
 #include "fp4kv/engine/gpu_backend.h"
 
+#include <chrono>
 #include <string>
 
 #include "fp4kv/core/error.h"
@@ -86,7 +87,9 @@ void GpuBackend::run_prefill(uint64_t request, const std::vector<int>& tokens) {
     const int first = lengths_[request], count = int(tokens.size()) - 1;
     require_fits(request, (long long)first + count + 1);  // and the last token's step
     blocks_.reserve(request, first + count);
+    const auto t0 = std::chrono::steady_clock::now();
     model_.fill_random_tokens(table_of(request), first, count, request);
+    synthetic_fill_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lengths_[request] = first + count;
     StepRows rows;
     add_row(request, tokens.back(), rows);

@@ -42,6 +42,9 @@ class GpuBackend : public Backend {
 
   int live_requests() const { return int(lengths_.size()); }
   const BlockAllocator& blocks() const { return blocks_; }
+  // Wall seconds spent in synthetic fills so far (each ends with the device idle), so a
+  // benchmark can tell the stand-in for prompt forward passes from the work it measures.
+  double synthetic_fill_seconds() const { return synthetic_fill_seconds_; }
 
  private:
   // Draws the last step's tokens on the GPU; copies the logits too when a row asks for
@@ -61,6 +64,7 @@ class GpuBackend : public Backend {
 
   StepModel& model_;
   bool synthetic_prefill_ = false;
+  double synthetic_fill_seconds_ = 0;
   BlockAllocator blocks_;
   std::unordered_map<uint64_t, int> lengths_;  // tokens fed to each live request
 };
