@@ -63,7 +63,7 @@ struct BenchArgs {
   int runs = 30;
   double rotate_gb = 1.0;
   int max_splits = 128;
-  int pages_per_split = 0;  // 0: the planner's choice (split_target_ctas, cache::min_split_pages)
+  int pages_per_split = 0;  // 0: the planner's choice (split_target_ctas, cache::split_floor)
   std::string json = "bench_decode.json", markdown = "bench_decode.md", svg = "bench_decode.svg", sdpa;
 };
 

@@ -181,14 +181,14 @@ __global__ void __launch_bounds__(kControlThreads) control_kernel(const ControlA
 
   // Split-KV plan (split_plan.h, the same planner as host-filled plans): one wave of whole
   // splits over the rows with pages (the BF16 sink/recent CTAs of a quantized cache given
-  // slots when that is cheap), at least min_split_pages pages per split, at most max_splits
+  // slots when that is cheap), at least the recipe's split floor of pages, at most max_splits
   // per row.
   SplitPolicy policy;
   policy.head_rows = s_rows_with_pages * a.dims.heads;
   policy.max_splits = a.plan.max_splits;
   const int side_ctas = slot_row_ctas(a.dims.format, a.dims.sink, a.dims.recent, policy.head_rows);
   policy.target_ctas = split_target_ctas(a.resident_ctas, policy.head_rows, side_ctas);
-  policy.min_pages = a.dims.min_split_pages;
+  policy.split_floor = a.dims.split_floor;
   for (int r = tid; r < a.step.max_batch; r += kControlThreads) {
     int slot = -1, pages = 0;
     if (r < batch) {

@@ -77,7 +77,7 @@ KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k
   dims_.search = recipe.key_search;
   dims_.sink = recipe.bf16_sink && recipe.kv != KvFormat::bf16;
   dims_.recent = recipe.bf16_recent || recipe.kv == KvFormat::bf16;
-  dims_.min_split_pages = min_split_pages(recipe);
+  dims_.split_floor = split_floor(recipe);
 
   int dev = 0, count = 0;
   cuda_check(cudaGetDeviceCount(&count), "KvCache: no CUDA device");

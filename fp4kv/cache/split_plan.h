@@ -53,13 +53,21 @@ inline int attended_pages(int n_tokens, const Recipe& r) {
   return attended_pages(n_tokens, r.kv, r.bf16_sink, r.bf16_recent);
 }
 
+// Fewest pages a split covers (step_plan.h split_floor has each recipe's): `pages`, but
+// rows of at most `single_page_rows` pages may be cut into single pages.
+struct SplitFloor {
+  int pages = 1;
+  int single_page_rows = 0;
+  FP4KV_HD int for_row(int row_pages) const { return row_pages <= single_page_rows ? 1 : pages; }
+};
+
 // What the planner needs to know about the whole step.
 struct SplitPolicy {
   int head_rows = 1;    // rows with at least one page, times KV heads: the CTAs of one split each
   int max_splits = 1;   // capacity of splits per row (StepPlan::max_splits)
   int target_ctas = 1;  // split CTAs wanted over the whole step
-  int min_pages = 1;    // fewest pages per split (step_plan.h min_split_pages)
-  int max_pages = kMaxSplitPages;  // most pages per split the planner chooses (>= min_pages wins)
+  SplitFloor split_floor;  // fewest pages per split, by the row's pages
+  int max_pages = kMaxSplitPages;  // most pages per split the planner chooses (the floor wins)
   int forced_pages_per_split = 0;  // > 0: this split size (still capped by max_splits)
 };
 
@@ -101,15 +109,16 @@ struct RowSplit {
 FP4KV_HD int ceil_div_pages(int a, int b) { return (a + b - 1) / b; }
 
 // Pages per split for a row of `pages` (> 0) pages: about target_ctas split CTAs over the
-// step, at most max_splits per row, at most max_pages pages per split, at least min_pages
-// (or the whole row; min_pages wins over max_pages).
+// step, at most max_splits per row, at most max_pages pages per split, at least the
+// floor's pages for this row (or the whole row; the floor wins over max_pages).
 FP4KV_HD int choose_pages_per_split(int pages, const SplitPolicy& p) {
   const int head_rows = p.head_rows > 1 ? p.head_rows : 1;
   int want = ceil_div_pages(p.target_ctas > 1 ? p.target_ctas : 1, head_rows);
   want = want < p.max_splits ? want : p.max_splits;
   want = want < pages ? want : pages;
   want = want > 1 ? want : 1;
-  const int floor_pages = p.min_pages < pages ? p.min_pages : pages;
+  const int min_pages = p.split_floor.for_row(pages);
+  const int floor_pages = min_pages < pages ? min_pages : pages;
   int even = ceil_div_pages(pages, want);
   even = even < p.max_pages ? even : p.max_pages;
   return even > floor_pages ? even : floor_pages;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "fp4kv/cache/split_plan.h"
 #include "fp4kv/core/recipe.h"
 
 namespace fp4kv::cache {
@@ -19,10 +20,15 @@ namespace fp4kv::cache {
 // parallel"): with the sink/recent CTA and the combine off the critical path, mixed
 // NVFP4/MXFP4 at 4K-16K tokens, batch 1-4, is up to 22 % faster at 4 pages than at 8
 // (Qwen3-4B nvfp4 4K batch 1: 14.0 vs 17.0 us); native NVFP4 at 4K is 1.1-1.25x slower
-// with 8 pages per split than with 2.
-inline int min_split_pages(const Recipe& r) {
-  constexpr int kShortSplitPages = 2, kMixedSplitPages = 4;
-  return r.kv == KvFormat::bf16 || r.native() ? kShortSplitPages : kMixedSplitPages;
+// with 8 pages per split than with 2. Native rows of up to 32 pages (4K tokens) split into
+// single pages: on an H100 (docs/PERF.md, "Single-page splits for short native rows"),
+// Qwen3-30B-A3B's native presets at 4K, batch 1-2, are 4-10 % faster so; at 6K-8K, batch
+// 1, single pages (up to 63 splits a row) were 6-15 % slower than two.
+inline SplitFloor split_floor(const Recipe& r) {
+  constexpr int kBf16SplitPages = 2, kMixedSplitPages = 4, kNativeSplitPages = 2, kNativeSinglePageRows = 32;
+  if (r.kv == KvFormat::bf16) return {kBf16SplitPages, 0};
+  if (r.native()) return {kNativeSplitPages, kNativeSinglePageRows};
+  return {kMixedSplitPages, 0};
 }
 
 // Device pointers; capacity `max_batch` rows. Row r of this step's batch:

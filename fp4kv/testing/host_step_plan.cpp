@@ -59,7 +59,7 @@ void HostStepPlan::fill(const std::vector<int>& seq_lens, const Recipe& r, int k
   policy.target_ctas = target_ctas > 0 ? target_ctas
                                        : cache::split_target_ctas(cache::kSplitCtasPerSm * cache::kDefaultSmCount,
                                                                   policy.head_rows, side_ctas);
-  policy.min_pages = cache::min_split_pages(r);
+  policy.split_floor = cache::split_floor(r);
   policy.forced_pages_per_split = pages_per_split;
   splits_.assign(batch, 0);
   pps_.assign(batch, 0);

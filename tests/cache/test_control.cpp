@@ -238,7 +238,7 @@ TEST(ControlKernel, LongRowPlansOneWaveWithTheSinkRecentCtas) {
     SplitPolicy policy;
     policy.head_rows = heads;
     policy.max_splits = cfg.max_splits;
-    policy.min_pages = min_split_pages(recipe);
+    policy.split_floor = split_floor(recipe);
     policy.target_ctas = split_target_ctas(kSplitCtasPerSm * cache.num_sms(), heads, slot_row_ctas(recipe, heads));
     const RowSplit want = plan_row_split(pages, policy);
     EXPECT_EQ(plan.row_pages[0], pages) << spec;

@@ -38,34 +38,37 @@ TEST(SplitPlan, InvariantsAndTheMeasuredPlannerOverManyShapes) {
     for (int head_rows : {1, 4, 8, 32, 256, 512, 2048})
       for (int max_splits : {1, 2, 7, 16, 128})
         for (int target : {1, 132, 264, 1000})
-          for (int min_pages : {1, 2, 4, 8})
-            for (int max_pages : {3, 64, 1 << 20})
-              for (int forced : {0, 1, 5}) {
-                SplitPolicy p;
-                p.head_rows = head_rows;
-                p.max_splits = max_splits;
-                p.target_ctas = target;
-                p.min_pages = min_pages;
-                p.max_pages = max_pages;
-                p.forced_pages_per_split = forced;
-                const RowSplit s = plan_row_split(pages, p);
-                SCOPED_TRACE(::testing::Message() << "pages " << pages << " head_rows " << head_rows << " max_splits "
-                                                << max_splits << " target " << target << " min " << min_pages
-                                                << " max " << max_pages << " forced " << forced);
-                ASSERT_GE(s.splits, 1);
-                ASSERT_LE(s.splits, max_splits);
-                ASSERT_GE(s.splits * s.pages_per_split, pages);       // every page covered
-                ASSERT_LT((s.splits - 1) * s.pages_per_split, pages);  // no empty split
-                if (forced == 0) {
-                  ASSERT_EQ(s.pages_per_split,
-                            measured_pages_per_split(pages, head_rows, max_splits, target, min_pages, max_pages));
-                  // The cap holds unless min_pages or the capacity asks for more.
-                  ASSERT_LE(s.pages_per_split,
-                            std::max({max_pages, std::min(min_pages, pages), (pages + max_splits - 1) / max_splits}));
-                } else {
-                  ASSERT_EQ(s.pages_per_split, std::max(forced, (pages + max_splits - 1) / max_splits));
+          for (int floor_pages : {1, 2, 4, 8})
+            for (int single_page_rows : {0, 8, 64})
+              for (int max_pages : {3, 64, 1 << 20})
+                for (int forced : {0, 1, 5}) {
+                  SplitPolicy p;
+                  p.head_rows = head_rows;
+                  p.max_splits = max_splits;
+                  p.target_ctas = target;
+                  p.split_floor = {floor_pages, single_page_rows};
+                  p.max_pages = max_pages;
+                  p.forced_pages_per_split = forced;
+                  const RowSplit s = plan_row_split(pages, p);
+                  const int min_pages = pages <= single_page_rows ? 1 : floor_pages;
+                  SCOPED_TRACE(::testing::Message() << "pages " << pages << " head_rows " << head_rows << " max_splits "
+                                                  << max_splits << " target " << target << " floor " << floor_pages
+                                                  << " single-page rows " << single_page_rows << " max " << max_pages
+                                                  << " forced " << forced);
+                  ASSERT_GE(s.splits, 1);
+                  ASSERT_LE(s.splits, max_splits);
+                  ASSERT_GE(s.splits * s.pages_per_split, pages);       // every page covered
+                  ASSERT_LT((s.splits - 1) * s.pages_per_split, pages);  // no empty split
+                  if (forced == 0) {
+                    ASSERT_EQ(s.pages_per_split,
+                              measured_pages_per_split(pages, head_rows, max_splits, target, min_pages, max_pages));
+                    // The cap holds unless min_pages or the capacity asks for more.
+                    ASSERT_LE(s.pages_per_split,
+                              std::max({max_pages, std::min(min_pages, pages), (pages + max_splits - 1) / max_splits}));
+                  } else {
+                    ASSERT_EQ(s.pages_per_split, std::max(forced, (pages + max_splits - 1) / max_splits));
+                  }
                 }
-              }
 }
 
 TEST(SplitPlan, TargetIsOneWaveOfWholeSplitsWithSlotsForTheSinkRecentCtas) {
@@ -80,7 +83,7 @@ TEST(SplitPlan, TargetIsOneWaveOfWholeSplitsWithSlotsForTheSinkRecentCtas) {
   SplitPolicy p;
   p.head_rows = 8;
   p.max_splits = 128;
-  p.min_pages = 8;
+  p.split_floor = {8, 0};
   p.target_ctas = split_target_ctas(kSplitCtasPerSm * kDefaultSmCount, 8, 8);
   const RowSplit s = plan_row_split(2048, p);
   EXPECT_EQ(s.splits, 32);
@@ -103,7 +106,9 @@ TEST(SplitPlan, TargetInvariantsOverManyShapes) {
         SCOPED_TRACE(::testing::Message() << "resident " << resident << " rows " << rows << " side " << side_ctas);
         ASSERT_EQ(t % rows, 0);  // whole splits per (row, head)
         ASSERT_GE(s, 1);
-        if (s > 1) ASSERT_LE(t, resident);  // one wave unless a row needs its one split
+        if (s > 1) {
+          ASSERT_LE(t, resident);  // one wave unless a row needs its one split
+        }
         const int whole = resident / rows;  // splits per (row, head) that fill one wave
         if (whole >= kReserveFromSplits) {
           // Many splits: the side CTAs (one per row and head) get slots, for one split at most.
@@ -120,7 +125,7 @@ TEST(SplitPlan, FullGpuMeansOneSplitPerRowUpToTheCap) {
   p.head_rows = 512;  // 64 rows x 8 KV heads >= 2 x 132 SMs
   p.max_splits = 16;
   p.target_ctas = kSplitCtasPerSm * kDefaultSmCount;
-  p.min_pages = 8;
+  p.split_floor = {8, 0};
   for (int pages : {1, 5, 40, kMaxSplitPages}) {
     const RowSplit s = plan_row_split(pages, p);
     EXPECT_EQ(s.splits, 1) << pages;
@@ -131,6 +136,30 @@ TEST(SplitPlan, FullGpuMeansOneSplitPerRowUpToTheCap) {
   EXPECT_EQ(plan_row_split(300, p).pages_per_split, kMaxSplitPages);
   EXPECT_EQ(plan_row_split(4000, p).splits, 16);
   EXPECT_EQ(plan_row_split(4000, p).pages_per_split, 250);
+}
+
+TEST(SplitPlan, EachRecipesFloor) {
+  const SplitFloor native = split_floor(parse_recipe("nvfp4-native"));
+  EXPECT_EQ(native.for_row(1), 1);
+  EXPECT_EQ(native.for_row(32), 1);  // 4K tokens: single pages
+  EXPECT_EQ(native.for_row(33), 2);
+  EXPECT_EQ(split_floor(parse_recipe("mxfp4-native")).for_row(32), 1);
+  for (const char* mixed : {"nvfp4", "mxfp4", "fp8"}) {
+    EXPECT_EQ(split_floor(parse_recipe(mixed)).for_row(1), 4) << mixed;
+    EXPECT_EQ(split_floor(parse_recipe(mixed)).for_row(1000), 4) << mixed;
+  }
+  EXPECT_EQ(split_floor(parse_recipe("bf16")).for_row(16), 2);
+  // Bulk rows of 63 pages (8K tokens) at batch 1 over 4 KV heads: 32 splits of 2 pages for the
+  // native presets, 31 of 1 page at 31 pages.
+  SplitPolicy p;
+  p.head_rows = 4;
+  p.max_splits = 128;
+  p.target_ctas = split_target_ctas(kSplitCtasPerSm * kDefaultSmCount, 4, 4);
+  p.split_floor = native;
+  EXPECT_EQ(plan_row_split(63, p).splits, 32);
+  EXPECT_EQ(plan_row_split(63, p).pages_per_split, 2);
+  EXPECT_EQ(plan_row_split(31, p).splits, 31);
+  EXPECT_EQ(plan_row_split(31, p).pages_per_split, 1);
 }
 
 TEST(SplitPlan, AttendedPages) {
