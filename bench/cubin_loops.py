@@ -18,9 +18,9 @@ sink/recent CTA's): the "page loop" (the first backward branch whose body holds 
 ptxas lays out inside it counts too), the smallest loop with as many HMMAs, and the
 innermost loop with any HMMA (mixed-mode kernels with page-pair tiles, softmax_state.cuh
 kPagePairs, run two pages per iteration: halve their counts for a page). With two cubins (a
-base and a new build of the same instantiation unit, e.g. `nvcc -cubin` of build/fp4kv/attention/instances/*.cu with the
-flags in CMakeLists.txt) it pairs the kernels by template arguments and marks every count
-that grew. With --hist, the opcode histogram of each kernel's innermost MMA loop."""
+base and a new build of the same instantiation unit, e.g. `nvcc -cubin` of
+build/fp4kv/attention/instances/*.cu with the flags in CMakeLists.txt) it pairs the kernels by
+template arguments and marks every count that grew. With --hist, the opcode histogram of each kernel's innermost MMA loop."""
 import re
 import struct
 import sys

@@ -149,8 +149,8 @@ TEST(SplitPlan, EachRecipesFloor) {
     EXPECT_EQ(split_floor(parse_recipe(mixed)).for_row(1000), 4) << mixed;
   }
   EXPECT_EQ(split_floor(parse_recipe("bf16")).for_row(16), 2);
-  // Bulk rows of 63 pages (8K tokens) at batch 1 over 4 KV heads: 32 splits of 2 pages for the
-  // native presets, 31 of 1 page at 31 pages.
+  // Qwen3-30B-A3B at batch 1 (4 KV heads, a one-wave target of 65 splits per head): a native
+  // row of 63 pages (8K tokens) in 32 splits of 2 pages, one of 31 pages (4K) in 31 single pages.
   SplitPolicy p;
   p.head_rows = 4;
   p.max_splits = 128;
