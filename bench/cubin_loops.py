@@ -20,7 +20,8 @@ innermost loop with any HMMA (mixed-mode kernels with page-pair tiles, softmax_s
 kPagePairs, run two pages per iteration: halve their counts for a page). With two cubins (a
 base and a new build of the same instantiation unit, e.g. `nvcc -cubin` of
 build/fp4kv/attention/instances/*.cu with the flags in CMakeLists.txt) it pairs the kernels by
-template arguments and marks every count that grew. With --hist, the opcode histogram of each kernel's innermost MMA loop."""
+template arguments and marks every count that grew. With --hist, the opcode histogram of each
+kernel's innermost MMA loop."""
 import re
 import struct
 import sys

@@ -227,17 +227,19 @@ void throughput_part(Run& run, const E2eArgs& A) {
                      engine::TextCodec{[](std::string_view) { return std::vector<int>{}; },
                                        [](const std::vector<int>&) { return std::string(); }});
     for (size_t i = 0; i < levels.size(); ++i) {
-      const ThroughputPoint pt = run_concurrency(e, gpu_backend, levels[i], A.throughput_context, A.output_tokens, c.vocab_size, 100 + i);
+      const ThroughputPoint pt =
+          run_concurrency(e, gpu_backend, levels[i], A.throughput_context, A.output_tokens, c.vocab_size, 100 + i);
       const double rate = double(pt.output_tokens) / pt.seconds;
       if (preset == "bf16") bf16_rate[i] = rate;
       const double decode_ms = pt.decode_steps ? 1e3 * pt.decode_step_seconds / double(pt.decode_steps) : 0.0;
       const double decode_rows = pt.decode_steps ? double(pt.decode_rows) / double(pt.decode_steps) : 0.0;
       char line[320];
-      std::snprintf(line, sizeof line, "| %s | %lld | %d | %.0f | %s | %d | %lld | %d / %d | %.2f (%.2f) | %.2f | %.2f (%.1f) |\n",
+      std::snprintf(line, sizeof line,
+                    "| %s | %lld | %d | %.0f | %s | %d | %lld | %d / %d | %.2f (%.2f) | %.2f | %.2f (%.1f) |\n",
                     preset.c_str(), cap.tokens(), pt.requests, rate,
                     bf16_rate[i] > 0 ? std::to_string(rate / bf16_rate[i]).substr(0, 4).c_str() : "-", pt.peak_running,
-                    pt.preemptions, pt.completed, pt.requests, pt.prompt_step_seconds, pt.fill_seconds, pt.decode_step_seconds,
-                    decode_ms, decode_rows);
+                    pt.preemptions, pt.completed, pt.requests, pt.prompt_step_seconds, pt.fill_seconds,
+                    pt.decode_step_seconds, decode_ms, decode_rows);
       std::printf("%s", line);
       std::fflush(stdout);
       run.md += line;

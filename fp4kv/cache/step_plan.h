@@ -22,7 +22,7 @@ namespace fp4kv::cache {
 // (Qwen3-4B nvfp4 4K batch 1: 14.0 vs 17.0 us); native NVFP4 at 4K is 1.1-1.25x slower
 // with 8 pages per split than with 2. Native rows of up to 32 pages (4K tokens) split into
 // single pages: on an H100 (docs/PERF.md, "Single-page splits for short native rows"),
-// Qwen3-30B-A3B's native presets at 4K, batch 1-2, are 4-10 % faster so; at 6K-8K, batch
+// Qwen3-30B-A3B's native presets at 4K, batch 1-2, are 4-10 % faster that way; at 6K-8K, batch
 // 1, single pages (up to 63 splits a row) were 6-15 % slower than two.
 inline SplitFloor split_floor(const Recipe& r) {
   constexpr int kBf16SplitPages = 2, kMixedSplitPages = 4, kNativeSplitPages = 2, kNativeSinglePageRows = 32;
