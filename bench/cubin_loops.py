@@ -21,10 +21,22 @@ kPagePairs, run two pages per iteration: halve their counts for a page). With tw
 base and a new build of the same instantiation unit, e.g. `nvcc -cubin` of
 build/fp4kv/attention/instances/*.cu with the flags in CMakeLists.txt) it pairs the kernels by
 template arguments and marks every count that grew. With --hist, the opcode histogram of each
-kernel's innermost MMA loop."""
+kernel's innermost MMA loop.
+
+  python3 bench/cubin_loops.py --sass CUOBJDUMP A.cubin [NAME-PART]
+
+The innermost MMA loop's disassembly of each decode kernel (whose mangled name contains
+NAME-PART), by a CUDA 11.8 `cuobjdump`: the one in Debian's non-free `nvidia-cuda-toolkit`
+(`apt-get download nvidia-cuda-toolkit && dpkg -x nvidia-cuda-toolkit_*.deb x`, then
+x/usr/bin/cuobjdump; nothing else of it is needed). It predates the ELF header that CUDA 12
+writes, so a copy of the cubin gets the old header (OS ABI 0x33, ABI version 7, flags for
+sm_90 with 64-bit addresses); sm_90a's instruction encoding is sm_90's, so the listing is the
+one cuobjdump 13 prints on the device but for a few opcodes it does not name."""
 import re
 import struct
+import subprocess
 import sys
+import tempfile
 from collections import Counter
 
 from sass_count import page_mmas_are_bf16, pick_page_loops, span_len
@@ -126,6 +138,41 @@ def innermost_hist(code):
     return Counter(OPCODE_NAMES.get(x & 0xFFF, f"0x{x & 0xFFF:03X}") for x in ins[first : last + 1])
 
 
+# The pre-CUDA-12 cubin header that CUDA 11.8's cuobjdump reads: OS ABI, ABI version, and
+# e_flags = EF_CUDA_VIRTUAL_SM(90) | EF_CUDA_64BIT_ADDRESS | EF_CUDA_SM90.
+OLD_OSABI, OLD_ABI_VERSION, OLD_SM90_FLAGS = 0x33, 7, 0x005A055A
+
+
+def with_old_header(path, out):
+    d = bytearray(open(path, "rb").read())
+    d[7], d[8] = OLD_OSABI, OLD_ABI_VERSION
+    struct.pack_into("<I", d, 0x30, OLD_SM90_FLAGS)
+    out.write(d)
+    out.flush()
+
+
+def print_loop_sass(cuobjdump, path, name_part):
+    """The innermost MMA loop of each matching decode kernel, as cuobjdump lists it."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as old:
+        with_old_header(path, old)
+        for name, code in sorted(text_sections(path).items()):
+            ins = instructions(code)
+            if "decode_kernel" not in name or name_part not in name or not (loops := mma_loops(ins)):
+                continue
+            _, first, last = pick_page_loops(loops)[2]
+            listing = subprocess.run([cuobjdump, "-sass", "-fun", name, old.name], capture_output=True,
+                                     text=True, check=True).stdout
+            text = {}
+            for line in listing.splitlines():
+                if m := re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*(/\*.*)?$", line):
+                    text[int(m.group(1), 16) // 16] = m.group(2)
+            print(f"{name}: innermost MMA loop, {last - first + 1} instructions")
+            for i in range(first, last + 1):
+                op = ins[i] & 0xFFF
+                unnamed = f"{OPCODE_NAMES.get(op, f'0x{op:03X}')} (operands not decoded by this cuobjdump)"
+                print(f"  {16 * i:04x}  {text.get(i) or unnamed}")
+
+
 def kernels(path):
     """{template arguments after the format: counts} of the decode kernels of a cubin."""
     out = {}
@@ -143,6 +190,9 @@ def main():
             if "decode_kernel" in name and (h := innermost_hist(code)):
                 print(f"{name}: {sum(h.values())} instructions")
                 print("  " + ", ".join(f"{k} {v}" for k, v in h.most_common()))
+        return
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--sass":
+        print_loop_sass(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) == 5 else "")
         return
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
