@@ -26,12 +26,13 @@ kernel's innermost MMA loop.
   python3 bench/cubin_loops.py --sass CUOBJDUMP A.cubin [NAME-PART]
 
 The innermost MMA loop's disassembly of each decode kernel (whose mangled name contains
-NAME-PART), by a CUDA 11.8 `cuobjdump`: the one in Debian's non-free `nvidia-cuda-toolkit`
-(`apt-get download nvidia-cuda-toolkit && dpkg -x nvidia-cuda-toolkit_*.deb x`, then
-x/usr/bin/cuobjdump; nothing else of it is needed). It predates the ELF header that CUDA 12
-writes, so a copy of the cubin gets the old header (OS ABI 0x33, ABI version 7, flags for
-sm_90 with 64-bit addresses); sm_90a's instruction encoding is sm_90's, so the listing is the
-one cuobjdump 13 prints on the device but for a few opcodes it does not name."""
+NAME-PART), by a CUDA 11.8 `cuobjdump`: the one in Debian's `nvidia-cuda-toolkit` (component
+non-free, added to apt's sources: `apt-get download nvidia-cuda-toolkit && dpkg -x
+nvidia-cuda-toolkit_*.deb x`, then x/usr/bin/cuobjdump; nothing else of it is needed). It
+predates the ELF header that CUDA 12 writes, so it reads a copy of the cubin with the old
+header (OS ABI 0x33, ABI version 7, flags for sm_90 with 64-bit addresses); sm_90a's
+instruction words are sm_90's (each listed opcode is the one this script decodes), and the
+few opcodes newer than 11.8 (VIADD) are printed by mnemonic, without operands."""
 import re
 import struct
 import subprocess
@@ -144,6 +145,7 @@ OLD_OSABI, OLD_ABI_VERSION, OLD_SM90_FLAGS = 0x33, 7, 0x005A055A
 
 
 def with_old_header(path, out):
+    """Writes the cubin at `path` to the open file `out` with the pre-CUDA-12 header."""
     d = bytearray(open(path, "rb").read())
     d[7], d[8] = OLD_OSABI, OLD_ABI_VERSION
     struct.pack_into("<I", d, 0x30, OLD_SM90_FLAGS)
