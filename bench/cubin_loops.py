@@ -129,14 +129,25 @@ def loop_counts(code):
     return len(ins), tuple(span_len(l) for l in pick_page_loops(loops))
 
 
-def innermost_hist(code):
-    """Opcode histogram of the innermost loop with an MMA (mnemonics from OPCODE_NAMES)."""
-    ins = instructions(code)
+def innermost_loop(ins):
+    """(first, last) instruction index of the innermost loop with an MMA, or None."""
     loops = mma_loops(ins)
     if not loops:
         return None
     _, first, last = pick_page_loops(loops)[2]
-    return Counter(OPCODE_NAMES.get(x & 0xFFF, f"0x{x & 0xFFF:03X}") for x in ins[first : last + 1])
+    return first, last
+
+
+def mnemonic(word):
+    return OPCODE_NAMES.get(word & 0xFFF, f"0x{word & 0xFFF:03X}")
+
+
+def innermost_hist(code):
+    """Opcode histogram of the innermost loop with an MMA (mnemonics from OPCODE_NAMES)."""
+    ins = instructions(code)
+    if not (loop := innermost_loop(ins)):
+        return None
+    return Counter(mnemonic(x) for x in ins[loop[0] : loop[1] + 1])
 
 
 # The pre-CUDA-12 cubin header that CUDA 11.8's cuobjdump reads: OS ABI, ABI version, and
@@ -159,9 +170,9 @@ def print_loop_sass(cuobjdump, path, name_part):
         with_old_header(path, old)
         for name, code in sorted(text_sections(path).items()):
             ins = instructions(code)
-            if "decode_kernel" not in name or name_part not in name or not (loops := mma_loops(ins)):
+            if "decode_kernel" not in name or name_part not in name or not (loop := innermost_loop(ins)):
                 continue
-            _, first, last = pick_page_loops(loops)[2]
+            first, last = loop
             listing = subprocess.run([cuobjdump, "-sass", "-fun", name, old.name], capture_output=True,
                                      text=True, check=True).stdout
             text = {}
@@ -170,9 +181,8 @@ def print_loop_sass(cuobjdump, path, name_part):
                     text[int(m.group(1), 16) // 16] = m.group(2)
             print(f"{name}: innermost MMA loop, {last - first + 1} instructions")
             for i in range(first, last + 1):
-                op = ins[i] & 0xFFF
-                unnamed = f"{OPCODE_NAMES.get(op, f'0x{op:03X}')} (operands not decoded by this cuobjdump)"
-                print(f"  {16 * i:04x}  {text.get(i) or unnamed}")
+                listed = text.get(i) or f"{mnemonic(ins[i])} (operands not decoded by this cuobjdump)"
+                print(f"  {16 * i:04x}  {listed}")
 
 
 def kernels(path):
