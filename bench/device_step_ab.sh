@@ -8,14 +8,15 @@
 # and MLA tests (with SANITIZE=1 the decode kernels' memcheck and racecheck); CACHE=1 the cache
 # tests. Then, alternated base/new REPS times (default 3): `fp4kv bench gemm` at batch 1-8 (GEMM=0 skips),
 # `fp4kv bench step` (STEP=0 skips) with bench/compare_step.py's median ratios, and with
-# DECODE_CONTEXTS=4096,131072 the decode sweep (bench/compare_sweeps.py). To $OUT: step_ab.md,
+# DECODE_CONTEXTS=4096,131072 the decode sweep (bench/compare_sweeps.py; DECODE_SHAPES=qwen3-4b one
+# shape; AB_TARGETS: the targets built, when the calls above need fewer). To $OUT: step_ab.md,
 # step_ab_logs.tgz, decode_ab.md.
 #   REPS=3 [MODEL=qwen3-30b-a3b:random] [TPOT_CONTEXTS=262144] [GENERATE=1] bash bench/device_step_ab.sh
 set -o pipefail
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 NEW=$PWD; BASE=/tmp/ab-base-src; REPS=${REPS:-3}
 rm -rf $BASE && cp -r "$NEW" $BASE && (cd $BASE && patch -s -R -p1 < "$NEW/${PATCH:-.devbin/ab.patch}") || exit 1
-TARGETS="fp4kv fp4kv_ops_gpu_tests fp4kv_engine_gpu_tests fp4kv_attention_tests fp4kv_attention_prefill_tests fp4kv_attention_mla_tests fp4kv_cache_tests"
+TARGETS=${AB_TARGETS:-"fp4kv fp4kv_ops_gpu_tests fp4kv_engine_gpu_tests fp4kv_attention_tests fp4kv_attention_prefill_tests fp4kv_attention_mla_tests fp4kv_cache_tests"}
 for side in new base; do
   SRC=$([ $side = new ] && echo "$NEW" || echo $BASE)
   (cmake -S "$SRC" -B /tmp/ab-build-$side -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4KV_PTXAS_VERBOSE=ON > /tmp/cfg-$side.log 2>&1 \
@@ -79,7 +80,7 @@ if [ -n "$DECODE_CONTEXTS" ]; then  # the decode attention sweep, alternated bas
   for rep in $(seq 1 "$REPS"); do
     for side in base new; do
       timeout 200 /tmp/ab-build-$side/bin/fp4kv bench decode --contexts "$DECODE_CONTEXTS" --batches "${DECODE_BATCHES:-1,8,64}" \
-        --presets "${DECODE_PRESETS:-bf16,fp8,nvfp4,mxfp4,nvfp4-native}" --runs 15 --json /tmp/ab-logs/decode_${side}_$rep.json \
+        --presets "${DECODE_PRESETS:-bf16,fp8,nvfp4,mxfp4,nvfp4-native}" ${DECODE_SHAPES:+--shapes $DECODE_SHAPES} --runs 15 --json /tmp/ab-logs/decode_${side}_$rep.json \
         > /tmp/ab-logs/decode_${side}_$rep.log 2>&1
       echo "decode $side $rep rc=$?"
     done

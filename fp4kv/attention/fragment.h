@@ -57,9 +57,19 @@ FP4KV_HD void fp4_word_to_a_regs(uint32_t word, uint32_t (&a)[4]) {
   a[3] = byte_perm(hi, 0u, 0x3414u);  // slots 3, 7
 }
 
-// FP32 value 2^(code - 127) of an E8M0 scale code (0..254) with one shift: the code is the
-// exponent field; code 0 is the subnormal 2^-127.
-FP4KV_HD float e8m0_scale_value(uint32_t code) { return bits_float(code != 0 ? code << 23 : 0x00400000u); }
+// Twice the FP32 value of an E8M0 scale code, 2^(code - 126): the code plus one is the
+// exponent field, a normal float for every code the quantizer writes (0..253: the MXFP4
+// exponent is clamped to [-127, 125], the search's one step up gives at most 126), so no
+// code needs a case of its own (2^(code - 127) would be the subnormal 2^-127 for code 0).
+// The factor 2 is exact and goes back in the page factor (MxFp4Page).
+FP4KV_HD float e8m0_scale_value_x2(uint32_t code) { return bits_float((code + 1) << 23); }
+// Both codes of a 16-bit scale pair (row r in the low byte, r + 8 in the high one; bits 16
+// and up are ignored) at once: one add for the two, then a shift and a mask each.
+FP4KV_HD void e8m0_pair_values_x2(uint32_t pair, float (&f)[2]) {
+  const uint32_t fields = pair + 0x0101u;  // no carry between the bytes: codes <= 253
+  f[0] = bits_float((fields << 23) & 0x7F800000u);
+  f[1] = bits_float((fields << 15) & 0x7F800000u);
+}
 
 // ---- Reading a page in shared memory (layout.h: parts stored part-major) ---------------
 // Byte offset (in the stage) of 16-byte part `part` of lane `lane` of row group `rg`.

@@ -56,15 +56,13 @@ __device__ __forceinline__ void expand_fp8(uint32_t (&a)[4], uint32_t w0, uint32
   a[2] = e4m3x2_to_half2_bits(w1);
   a[3] = e4m3x2_to_half2_bits(w1 >> 16);
 }
-// MXFP4 block scales stay in FP32 (e8m0_scale_value, fragment.h): the codes expand to FP16
-// without them (value x 2^-14), a block's two k-step MMAs go to a fresh accumulator, and the
-// power-of-two scales of its rows r, r + 8 (low and high byte of `pair`) multiply that in
-// FP32: 4 FFMA per block instead of 8 HMUL2 plus an E8M0 -> FP16 conversion, and exact for
-// every block scale.
-__device__ __forceinline__ void mx_row_scales(uint32_t pair, float (&f)[2]) {
-  f[0] = e8m0_scale_value(pair & 0xFFu);
-  f[1] = e8m0_scale_value((pair >> 8) & 0xFFu);
-}
+// MXFP4 block scales stay in FP32 (e8m0_pair_values_x2, fragment.h): the codes expand to
+// FP16 without them (value x 2^-14), a block's two k-step MMAs go to a fresh accumulator,
+// and the power-of-two scales of its rows r, r + 8 (low and high byte of a scale pair),
+// doubled so that every code is a normal float without a case of its own, multiply that in FP32: 4
+// FFMA per block instead of 8 HMUL2 plus an E8M0 -> FP16 conversion, exact for every block
+// scale. The page factors take the doubling back (kMxExpansionScale).
+inline constexpr float kMxExpansionScale = kFp4ExpansionScale / 2;
 // Zeroes an accumulator array of any shape (float[...][4]).
 __device__ __forceinline__ void zero(float& x) { x = 0.0f; }
 template <class T, int N>
@@ -160,22 +158,22 @@ struct MxFp4Page {
   static constexpr int kBlock = kMxfp4Block;
   static constexpr int kKStepsPerPart = 4;
 
-  // No page scale: the block scales carry the magnitude (applied in FP32 per block).
+  // No page scale: the block scales carry the magnitude (applied in FP32 per block, doubled).
   __device__ __forceinline__ static void page_factors(const uint8_t*, int, float& kfac, float& vfac) {
-    kfac = kFp4ExpansionScale;
-    vfac = kFp4ExpansionScale;
+    kfac = kMxExpansionScale;
+    vfac = kMxExpansionScale;
   }
 
   template <int NBK>
   struct KeyScales {
-    float f[NBK][2];  // FP32 scales of rows r, r + 8 per block
+    float f[NBK][2];  // twice the FP32 scales of rows r, r + 8 per block
   };
   template <int NBK>
   __device__ __forceinline__ static void load_key_scales(const uint16_t* p, KeyScales<NBK>& s) {
     uint32_t words[NBK / 2];
     load_scale_words<NBK>(p, words);
 #pragma unroll
-    for (int q = 0; q < NBK; ++q) mx_row_scales(scale_pair(words, q), s.f[q]);
+    for (int q = 0; q < NBK; ++q) e8m0_pair_values_x2(scale_pair(words, q), s.f[q]);
   }
   // A block is two k-steps: its product goes to a fresh accumulator, then in FP32 times the
   // row scales into the chain of the block.
@@ -207,7 +205,7 @@ struct MxFp4Page {
     for (int j = 0; j < NTP; ++j) mma_f16(bacc[j], af, pb[j][2 * (kk % 2)], pb[j][2 * (kk % 2) + 1]);
     if (kk % 2 == 1) {
       float f[2];
-      mx_row_scales(scale_pair(vsw, kk / 2), f);
+      e8m0_pair_values_x2(scale_pair(vsw, kk / 2), f);
 #pragma unroll
       for (int j = 0; j < NTP; ++j) add_scaled(tmp2[(kk / 2) % 2][ci][j], bacc[j], f);
     }

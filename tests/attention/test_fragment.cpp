@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <set>
 #include <vector>
 
 #include "fp4kv/attention/fragment.h"
 #include "fp4kv/cache/host_page.h"
+#include "fp4kv/core/block_quant.h"
 #include "fp4kv/core/half.h"
 #include "fp4kv/core/minifloat.h"
 #include "fp4kv/ref/quant_page.h"
@@ -60,8 +62,23 @@ TEST(Fragment, Fp4WordToFourRegistersMatchesPerRegister) {
   }
 }
 
-TEST(Fragment, E8M0ScaleValueIsExact) {
-  for (uint32_t c = 0; c < 255; ++c) EXPECT_EQ(e8m0_scale_value(c), e8m0_value(uint8_t(c))) << c;
+// Every code the MXFP4 quantizer writes (0..253) as twice its scale, alone and in pairs whose
+// upper 16 bits hold another pair.
+TEST(Fragment, E8M0ScaleValueIsTwiceTheScale) {
+  constexpr uint32_t kMaxWrittenCode = 253;
+  // The largest block the quantizer sees, with the search's step up: the largest code.
+  float largest[kMxfp4Block];
+  for (float& x : largest) x = std::numeric_limits<float>::max();
+  uint8_t codes[kMxfp4Block];
+  EXPECT_LE(mxfp4_quantize_block(largest, 1, true, codes), kMaxWrittenCode);
+  for (uint32_t c = 0; c <= kMaxWrittenCode; ++c) EXPECT_EQ(e8m0_scale_value_x2(c), 2.0f * e8m0_value(uint8_t(c))) << c;
+  for (uint32_t lo = 0; lo <= kMaxWrittenCode; ++lo)
+    for (uint32_t hi = 0; hi <= kMaxWrittenCode; ++hi) {
+      float f[2];
+      e8m0_pair_values_x2((((hi * 7 + lo) & 0xFFFFu) << 16) | (hi << 8) | lo, f);
+      ASSERT_EQ(f[0], e8m0_scale_value_x2(lo)) << lo << " " << hi;
+      ASSERT_EQ(f[1], e8m0_scale_value_x2(hi)) << lo << " " << hi;
+    }
 }
 
 // Every lane's K and V fragments of a packed page, expanded as the kernel does.
@@ -78,9 +95,10 @@ void check_page(KvFormat f, int d, bool search) {
   const int kcpl = (fp4 ? KS * 4 : KS * 8) / 16, vcpl = (fp4 ? 32 : 64) / 16;
   const auto& st = bytes;  // the kernel's stage is the page as stored (one bulk copy)
   // FP4: the A registers hold value x 2^-14. NVFP4 multiplies them by the FP16 block scale
-  // (HMUL2, exact); MXFP4 multiplies the MMA's FP32 block product by the FP32 block scale,
-  // emulated here per element (exact: a power of two). g is applied outside, as in the kernel.
-  const float unit = fp4 ? pow2f(14) : 1.0f;
+  // (HMUL2, exact); MXFP4 multiplies the MMA's FP32 block product by twice the FP32 block
+  // scale, emulated here per element (exact: a power of two). g is applied outside, as in
+  // the kernel.
+  const float unit = !fp4 ? 1.0f : (f == KvFormat::mxfp4 ? pow2f(13) : pow2f(14));
 
   // Registers of the A fragment of tile (rg, ks) of a code array with `cpl` parts per lane.
   auto a_regs = [&](int codes_off, int scales_off, int blocks, int cpl, int rg, int lane, int ks, float out[4][2]) {
@@ -92,7 +110,7 @@ void check_page(KvFormat f, int d, bool search) {
       float sc[2];
       for (int h = 0; h < 2; ++h) {
         const uint8_t code = st[so + h];
-        sc[h] = l.format == KvFormat::nvfp4 ? round_fp16(e4m3_value(code)) : e8m0_scale_value(code);
+        sc[h] = l.format == KvFormat::nvfp4 ? round_fp16(e4m3_value(code)) : e8m0_scale_value_x2(code);
       }
       for (int reg = 0; reg < 4; ++reg) {
         const uint32_t h2 = fp4_word_to_a_reg_bits(word, reg);
