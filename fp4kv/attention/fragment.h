@@ -59,8 +59,9 @@ FP4KV_HD void fp4_word_to_a_regs(uint32_t word, uint32_t (&a)[4]) {
 
 // Twice the FP32 value of an E8M0 scale code, 2^(code - 126): the code plus one is the
 // exponent field, a normal float for every code the quantizer writes (0..253: the MXFP4
-// exponent is clamped to [-127, 125], the search's one step up gives at most 126), so no
-// code needs a case of its own (2^(code - 127) would be the subnormal 2^-127 for code 0).
+// exponent is at least -127 and, floor(log2) of a finite float minus 2, at most 125; the
+// search's one step up gives at most 126), so no code needs a case of its own (2^(code - 127)
+// would be the subnormal 2^-127 for code 0).
 // The factor 2 is exact and goes back in the page factor (MxFp4Page).
 FP4KV_HD float e8m0_scale_value_x2(uint32_t code) { return bits_float((code + 1) << 23); }
 // Both codes of a 16-bit scale pair (row r in the low byte, r + 8 in the high one; bits 16

@@ -59,9 +59,9 @@ __device__ __forceinline__ void expand_fp8(uint32_t (&a)[4], uint32_t w0, uint32
 // MXFP4 block scales stay in FP32 (e8m0_pair_values_x2, fragment.h): the codes expand to
 // FP16 without them (value x 2^-14), a block's two k-step MMAs go to a fresh accumulator,
 // and the power-of-two scales of its rows r, r + 8 (low and high byte of a scale pair),
-// doubled so that every code is a normal float without a case of its own, multiply that in FP32: 4
-// FFMA per block instead of 8 HMUL2 plus an E8M0 -> FP16 conversion, exact for every block
-// scale. The page factors take the doubling back (kMxExpansionScale).
+// doubled so that every code is a normal float without a case of its own, multiply that in
+// FP32: 4 FFMA per block instead of 8 HMUL2 plus an E8M0 -> FP16 conversion, exact for every
+// block scale. The page factors take the doubling back (kMxExpansionScale).
 inline constexpr float kMxExpansionScale = kFp4ExpansionScale / 2;
 // Zeroes an accumulator array of any shape (float[...][4]).
 __device__ __forceinline__ void zero(float& x) { x = 0.0f; }
