@@ -12,9 +12,7 @@
 #   [ONLY_H200=1] [DEADLINE=540] bash bench/device_targets.sh
 set -o pipefail
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-DEADLINE=${DEADLINE:-540}; T0=$(date +%s)
-now() { echo $(( $(date +%s) - T0 )); }
-room() { [ $(( DEADLINE - $(now) )) -ge "$1" ] || { echo "[t=$(now)s] skipped: $2"; return 1; }; }
+DEADLINE=${DEADLINE:-540}; source "$(dirname "$0")/device_clock.sh"
 L=/tmp/targets; rm -rf $L; mkdir -p $L
 pack() { tar -C /tmp -czf "$OUT"/targets.tgz targets; }
 GPU=$(nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader); echo "$GPU"

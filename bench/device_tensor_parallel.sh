@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 19's measurements, one call on a host of two or more GPUs (a kind such as
 # nvidia-h200-x2): the CLI and the engine GPU tests built there, then, each part skipped when
-# fewer seconds than it needs are left before DL (default 560, for a 600-s call):
+# fewer seconds than it needs are left before DEADLINE (default 560, for a 600-s call):
 #   the tensor-parallel GPU tests (NcclTwoGpusMatchOneGpu runs only with two GPUs);
 #   `fp4kv generate` greedy on pk8l at TP = 1 and 2: the same text;
 #   `fp4kv bench step` of Qwen3-30B-A3B at 128K, batch 1 and 16, TP = 1 and 2 (the collectives'
@@ -10,11 +10,10 @@
 #   then TP = 1 (tokens/s of the group and per GPU).
 # NCCL's settings stay the environment's, but NVLink multicast is off (NCCL_NVLS_ENABLE=0).
 # Logs and tables to $OUT/tp.tgz (packed after every part).
-#   [DL=560] bash bench/device_tensor_parallel.sh
+#   [DEADLINE=560] bash bench/device_tensor_parallel.sh
 set -o pipefail
 OUT=${OUT:-perf-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-T0=$(date +%s); now() { echo $(( $(date +%s) - T0 )); }; el() { echo "[t=$(now)s] $*"; }
-DL=${DL:-560}; room() { [ $(( DL - $(now) )) -ge "$1" ] || { el "skipped: $2"; return 1; }; }
+DEADLINE=${DEADLINE:-560}; source "$(dirname "$0")/device_clock.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader; nvidia-smi topo -m | head -5
 export NCCL_NVLS_ENABLE=0
 L=/tmp/tp; rm -rf $L; mkdir -p $L; pack() { tar -C /tmp -czf "$OUT"/tp.tgz tp; }
@@ -36,7 +35,7 @@ for n in 1 2; do room 120 "step TP=$n" || continue
   el "step TP=$n rc=$?"; cat $L/step$n.md; pack
 done
 for n in 2 1; do room 150 "throughput TP=$n" || continue
-  timeout $(( DL - $(now) - 10 )) $F bench e2e --model qwen3-30b-a3b:random --parts throughput --presets bf16,nvfp4 \
+  timeout $(( DEADLINE - $(now) - 10 )) $F bench e2e --model qwen3-30b-a3b:random --parts throughput --presets bf16,nvfp4 \
     --throughput-context 131072 --concurrency 1,4,16,64 --tensor-parallel $n --svg "" \
     --markdown $L/e2e$n.md --json $L/e2e$n.json > $L/e2e$n.log 2>&1
   el "throughput TP=$n rc=$?"; cat $L/e2e$n.md; pack
