@@ -67,9 +67,10 @@ FP4KV_HD float e8m0_scale_value_x2(uint32_t code) { return bits_float((code + 1)
 // Both codes of a 16-bit scale pair (row r in the low byte, r + 8 in the high one; bits 16
 // and up are ignored) at once: one add for the two, then a shift and a mask each.
 FP4KV_HD void e8m0_pair_values_x2(uint32_t pair, float (&f)[2]) {
-  const uint32_t fields = pair + 0x0101u;  // no carry between the bytes: codes <= 253
-  f[0] = bits_float((fields << 23) & 0x7F800000u);
-  f[1] = bits_float((fields << 15) & 0x7F800000u);
+  constexpr uint32_t kOneInEachByte = 0x0101u, kFloatExponentField = 0x7F800000u;
+  const uint32_t fields = pair + kOneInEachByte;  // no carry between the bytes: codes <= 253
+  f[0] = bits_float((fields << 23) & kFloatExponentField);
+  f[1] = bits_float((fields << 15) & kFloatExponentField);
 }
 
 // ---- Reading a page in shared memory (layout.h: parts stored part-major) ---------------
