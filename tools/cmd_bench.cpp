@@ -63,7 +63,7 @@ struct BenchArgs {
   int runs = 30;
   double rotate_gb = 1.0;
   int max_splits = 128;
-  int pages_per_split = 0;  // 0: the planner's choice (split_target_ctas, cache::split_floor)
+  int pages_per_split = 0;  // 0: the planner's choice (cache::step_split_policy)
   std::string json = "bench_decode.json", markdown = "bench_decode.md", svg = "bench_decode.svg", sdpa;
 };
 
@@ -128,15 +128,15 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
   layer.slots = nslots;
   layer.mu_k = mu.get();
   const attention::DecodeGeometry geometry{QH, H, d};
-  // The split target needs the picked kernel's occupancy: a probe object at full capacity.
-  const int target = attention::DecodeAttention(geometry, r, attention::DecodeCapacity{batch, pages, 1})
-                         .split_target_ctas(batch, sms);
+  // The split plan needs the picked kernel's occupancy: a probe object at full capacity.
+  const int resident =
+      attention::DecodeAttention(geometry, r, attention::DecodeCapacity{batch, pages, 1}).resident_ctas(sms);
   // The grid is sized by the plan's capacity (max_splits + 1 CTAs per row and head): use the
   // splits this point needs as the capacity, so no empty CTAs are launched.
   int cap = 1;
   {
     testing::HostStepPlan probe(batch, A.max_splits);
-    probe.fill(lens, r, H, A.pages_per_split, {}, target);
+    probe.fill(lens, r, H, A.pages_per_split, {}, resident);
     for (int x : probe.splits()) cap = std::max(cap, x);
   }
   // One plan per copy: copy c uses slots [c * batch, (c + 1) * batch).
@@ -146,7 +146,7 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
     std::vector<int> sl(batch);
     for (int b = 0; b < batch; ++b) sl[b] = slots_used ? c * batch + b : b;
     plans.push_back(std::make_unique<testing::HostStepPlan>(batch, cap));
-    plans.back()->fill(lens, r, H, A.pages_per_split, sl, target);
+    plans.back()->fill(lens, r, H, A.pages_per_split, sl, resident);
   }
   pt.splits = plans[0]->splits()[0];
   attention::DecodeAttention attn(geometry, r, attention::DecodeCapacity{batch, pages, cap});

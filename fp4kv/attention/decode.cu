@@ -202,11 +202,6 @@ DecodeAttention& DecodeAttention::operator=(DecodeAttention&& o) noexcept {
   return *this;
 }
 
-int DecodeAttention::split_target_ctas(int batch, int sms) const {
-  const int head_rows = std::max(1, batch * geometry_.kv_heads);
-  return cache::split_target_ctas(std::max(1, ctas_per_sm_) * sms, head_rows, cache::slot_row_ctas(recipe_, head_rows));
-}
-
 namespace {
 
 // The checks of a run, in order; the first that fails names the error.

@@ -33,6 +33,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "fp4kv/attention/kernel_args.h"
@@ -118,10 +119,10 @@ class DecodeAttention {
 
   // CTAs of the picked decode kernel one SM holds at once (CUDA occupancy; 0 if unknown).
   int ctas_per_sm() const { return ctas_per_sm_; }
-  // A split target for the split planner (cache::SplitPolicy::target_ctas):
-  // cache::split_target_ctas over this kernel's resident CTAs (its occupancy x sms), for
-  // `fp4kv bench`; the control kernel uses the same rule over two CTAs per SM.
-  int split_target_ctas(int batch, int sms) const;
+  // Decode CTAs of this kernel a GPU of `sms` SMs holds at once (its occupancy x sms), for the
+  // split planner of `fp4kv bench` (cache::step_split_policy); the control kernel plans for
+  // two CTAs per SM.
+  int resident_ctas(int sms) const { return std::max(1, ctas_per_sm_) * sms; }
 
   const DecodeGeometry& geometry() const { return geometry_; }
   const DecodeCapacity& capacity() const { return capacity_; }

@@ -39,7 +39,7 @@ struct ControlArgs {
   CacheMem mem;
   StepPlan plan;
   StepArgs step;
-  int resident_ctas = 0;  // split-KV: decode CTAs the GPU holds at once (split_plan.h split_target_ctas)
+  int resident_ctas = 0;  // split-KV: decode CTAs the GPU holds at once (split_plan.h step_split_policy)
 };
 
 size_t control_smem_bytes(int slots, int max_batch) {
@@ -183,12 +183,10 @@ __global__ void __launch_bounds__(kControlThreads) control_kernel(const ControlA
   // splits over the rows with pages (the BF16 sink/recent CTAs of a quantized cache given
   // slots when that is cheap), at least the recipe's split floor of pages, at most max_splits
   // per row.
-  SplitPolicy policy;
-  policy.head_rows = s_rows_with_pages * a.dims.heads;
-  policy.max_splits = a.plan.max_splits;
-  const int side_ctas = slot_row_ctas(a.dims.format, a.dims.sink, a.dims.recent, policy.head_rows);
-  policy.target_ctas = split_target_ctas(a.resident_ctas, policy.head_rows, side_ctas);
-  policy.split_floor = a.dims.split_floor;
+  const int head_rows = s_rows_with_pages * a.dims.heads;
+  const SplitPolicy policy =
+      step_split_policy(a.resident_ctas, head_rows, slot_row_ctas(a.dims.format, a.dims.sink, a.dims.recent, head_rows),
+                        a.plan.max_splits, a.dims.split_floor, a.dims.max_one_wave_pages);
   for (int r = tid; r < a.step.max_batch; r += kControlThreads) {
     int slot = -1, pages = 0;
     if (r < batch) {

@@ -78,6 +78,7 @@ KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k
   dims_.sink = recipe.bf16_sink && recipe.kv != KvFormat::bf16;
   dims_.recent = recipe.bf16_recent || recipe.kv == KvFormat::bf16;
   dims_.split_floor = split_floor(recipe);
+  dims_.max_one_wave_pages = max_one_wave_pages(recipe);
 
   int dev = 0, count = 0;
   cuda_check(cudaGetDeviceCount(&count), "KvCache: no CUDA device");

@@ -31,6 +31,15 @@ inline constexpr int kDefaultSmCount = 132;
 // within 1 % of the fastest size for nvfp4 (up to 19 % faster than the CTA target's
 // 256-512-page splits) and within 2 % for bf16; a CTA's fixed cost makes 16-32 pages slower.
 inline constexpr int kMaxSplitPages = 64;
+// ... except in a one-wave plan: where every row's splits of a step fit one wave beside the
+// sink/recent CTAs (one_wave_split_ctas) with at most this many pages each, that plan
+// stands instead of the kMaxSplitPages cut, whose extra CTAs spill into a second, partly
+// filled wave. Measured on the H100 (docs/PERF.md, "One wave of splits up to 128 pages"):
+// the kernels with 16-bit P, Qwen3-4B and Qwen3-30B-A3B at 32K-128K, batch 2-12, 7 % faster
+// (geometric mean; 0.81-1.07) where the plan changes; the native kernels slower (step_plan.h
+// max_one_wave_pages); a one-wave plan whose sink/recent CTAs spill (the target's, below
+// kReserveFromSplits splits) up to 17 % slower, so the sink/recent CTAs keep their slots.
+inline constexpr int kMaxOneWavePages = 128;
 
 // How a row of n tokens (n >= 1) is attended through the split CTAs: decode_layout for
 // FP4/FP8 caches; for BF16 caches, which keep every token in their pool pages, every page
@@ -68,6 +77,8 @@ struct SplitPolicy {
   int target_ctas = 1;  // split CTAs wanted over the whole step
   SplitFloor split_floor;  // fewest pages per split, by the row's pages
   int max_pages = kMaxSplitPages;  // most pages per split the planner chooses (the floor wins)
+  int one_wave_ctas = 0;           // split CTAs of the one-wave plan (one_wave_split_ctas; 0: none)
+  int max_one_wave_pages = kMaxOneWavePages;  // its most pages per split (the floor wins)
   int forced_pages_per_split = 0;  // > 0: this split size (still capped by max_splits)
 };
 
@@ -101,6 +112,30 @@ FP4KV_HD int split_target_ctas(int resident_ctas, int head_rows, int side_ctas) 
   return (s > 1 ? s : 1) * rows;
 }
 
+// Split CTAs of a one-wave plan: as many whole splits per (row, KV head) as fit in one wave
+// beside all `side_ctas`, when that is two or more (else 0: no such plan).
+FP4KV_HD int one_wave_split_ctas(int resident_ctas, int head_rows, int side_ctas) {
+  const int rows = head_rows > 1 ? head_rows : 1;
+  const int s = (resident_ctas - side_ctas) / rows;
+  return s >= 2 ? s * rows : 0;
+}
+
+// The policy of a decode step over `head_rows` (rows with pages x KV heads) on a GPU that
+// holds `resident_ctas` decode CTAs at once, `side_ctas` of them the sink/recent CTAs, for a
+// kernel with the split floor `floor` and one-wave splits of at most `max_one_wave_pages`
+// (step_plan.h has each recipe's).
+FP4KV_HD SplitPolicy step_split_policy(int resident_ctas, int head_rows, int side_ctas, int max_splits,
+                                       SplitFloor floor, int max_one_wave_pages) {
+  SplitPolicy p;
+  p.head_rows = head_rows;
+  p.max_splits = max_splits;
+  p.target_ctas = split_target_ctas(resident_ctas, head_rows, side_ctas);
+  p.one_wave_ctas = one_wave_split_ctas(resident_ctas, head_rows, side_ctas);
+  p.max_one_wave_pages = max_one_wave_pages;
+  p.split_floor = floor;
+  return p;
+}
+
 struct RowSplit {
   int splits = 0;
   int pages_per_split = 0;
@@ -108,9 +143,22 @@ struct RowSplit {
 
 FP4KV_HD int ceil_div_pages(int a, int b) { return (a + b - 1) / b; }
 
+// The split size of the one-wave plan for a row of `pages` pages, if the policy has one
+// with at most max_one_wave_pages pages a split; else 0.
+FP4KV_HD int one_wave_pages(int pages, const SplitPolicy& p) {
+  const int head_rows = p.head_rows > 1 ? p.head_rows : 1;
+  int s = p.one_wave_ctas / head_rows;
+  s = s < p.max_splits ? s : p.max_splits;
+  s = s < pages ? s : pages;
+  if (s < 2) return 0;
+  const int even = ceil_div_pages(pages, s);
+  return even <= p.max_one_wave_pages ? even : 0;
+}
+
 // Pages per split for a row of `pages` (> 0) pages: about target_ctas split CTAs over the
-// step, at most max_splits per row, at most max_pages pages per split, at least the
-// floor's pages for this row (or the whole row; the floor wins over max_pages).
+// step, at most max_splits per row, at most max_pages pages per split (where more are
+// needed: the one-wave plan's split if it has one, else max_pages), at least the floor's
+// pages for this row (or the whole row; the floor wins over max_pages).
 FP4KV_HD int choose_pages_per_split(int pages, const SplitPolicy& p) {
   const int head_rows = p.head_rows > 1 ? p.head_rows : 1;
   int want = ceil_div_pages(p.target_ctas > 1 ? p.target_ctas : 1, head_rows);
@@ -120,7 +168,10 @@ FP4KV_HD int choose_pages_per_split(int pages, const SplitPolicy& p) {
   const int min_pages = p.split_floor.for_row(pages);
   const int floor_pages = min_pages < pages ? min_pages : pages;
   int even = ceil_div_pages(pages, want);
-  even = even < p.max_pages ? even : p.max_pages;
+  if (even > p.max_pages) {
+    const int one_wave = one_wave_pages(pages, p);
+    even = one_wave > 0 ? one_wave : p.max_pages;
+  }
   return even > floor_pages ? even : floor_pages;
 }
 

@@ -31,6 +31,12 @@ inline SplitFloor split_floor(const Recipe& r) {
   return {kMixedSplitPages, 0};
 }
 
+// Most pages a split of a one-wave plan takes for the recipe's decode kernel (split_plan.h
+// kMaxOneWavePages; 0: no one-wave plans). The kernels with FP4 P (native) are issue-bound
+// even on the H100: one wave of long splits leaves the SMs that hold two of them behind
+// those that hold one (measured 3-21 % slower than the 64-page cut), so they keep the cut.
+inline int max_one_wave_pages(const Recipe& r) { return r.native() ? 0 : kMaxOneWavePages; }
+
 // Device pointers; capacity `max_batch` rows. Row r of this step's batch:
 struct StepPlan {
   int32_t* row_slot = nullptr;         // [max_batch] BF16 slot of the row's request

@@ -25,11 +25,12 @@ class HostStepPlan {
   HostStepPlan& operator=(const HostStepPlan&) = delete;
 
   // pages_per_split > 0 forces a split size (capped so no row needs more than max_splits);
-  // 0 chooses with cache::plan_row_split for `target_ctas` (0: the control kernel's target,
-  // cache::split_target_ctas of kSplitCtasPerSm per SM of a kDefaultSmCount-SM device).
+  // 0 chooses with cache::plan_row_split under cache::step_split_policy for a GPU holding
+  // `resident_ctas` decode CTAs (0: the control kernel's kSplitCtasPerSm per SM of a
+  // kDefaultSmCount-SM device).
   // slots[b] is the BF16 slot of row b (identity when empty). Synchronous upload.
   void fill(const std::vector<int>& seq_lens, const Recipe& recipe, int kv_heads, int pages_per_split = 0,
-            const std::vector<int>& slots = {}, int target_ctas = 0);
+            const std::vector<int>& slots = {}, int resident_ctas = 0);
 
   const cache::StepPlan& plan() const { return plan_; }
   const std::vector<int>& splits() const { return splits_; }

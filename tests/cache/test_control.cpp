@@ -219,7 +219,7 @@ TEST(ControlKernel, SplitPlanPagesAndPromotions) {
 }
 
 // A batch-1 row long enough that one wave of whole splits decides its plan: the control
-// kernel plans it as the host planner does with split_target_ctas (on a 132-SM GPU, 2048
+// kernel plans it as the host planner does with step_split_policy (on a 132-SM GPU, 2048
 // pages x 8 heads with capacity for 64 splits: 32 splits of 64 pages, leaving the 8
 // sink/recent CTAs slots of their own, not 33 of 63 and a second wave).
 TEST(ControlKernel, LongRowPlansOneWaveWithTheSinkRecentCtas) {
@@ -235,11 +235,8 @@ TEST(ControlKernel, LongRowPlansOneWaveWithTheSinkRecentCtas) {
     ASSERT_EQ(drv.step({0}, {n}), 0) << spec;
     const auto plan = cache.read_plan();
     const int pages = attended_pages(n, recipe);
-    SplitPolicy policy;
-    policy.head_rows = heads;
-    policy.max_splits = cfg.max_splits;
-    policy.split_floor = split_floor(recipe);
-    policy.target_ctas = split_target_ctas(kSplitCtasPerSm * cache.num_sms(), heads, slot_row_ctas(recipe, heads));
+    const SplitPolicy policy = step_split_policy(kSplitCtasPerSm * cache.num_sms(), heads, slot_row_ctas(recipe, heads),
+                                                 cfg.max_splits, split_floor(recipe), max_one_wave_pages(recipe));
     const RowSplit want = plan_row_split(pages, policy);
     EXPECT_EQ(plan.row_pages[0], pages) << spec;
     EXPECT_EQ(plan.row_splits[0], want.splits) << spec;
@@ -248,6 +245,41 @@ TEST(ControlKernel, LongRowPlansOneWaveWithTheSinkRecentCtas) {
       ASSERT_EQ(pages, 2048);
       EXPECT_EQ(want.splits, 32) << spec;
       EXPECT_EQ(want.pages_per_split, 64) << spec;
+    }
+  }
+}
+
+// Five rows of ~64K tokens x 8 KV heads: the target's 6 splits per (row, head) would be 86
+// pages each, over the 64-page cap, and with the 40 sink/recent CTAs they spill over one
+// wave of 2 x 132; the control kernel plans the one-wave plan that leaves those CTAs their
+// slots (5 splits of up to 128 pages), as the host planner does.
+TEST(ControlKernel, RowsOverTheSplitCapPlanOneWaveUpTo128Pages) {
+  SKIP_WITHOUT_GPU();
+  const Recipe recipe = parse_recipe("nvfp4");
+  const int heads = 8, rows = 5, max_pages = 528;
+  KvCacheConfig cfg = small_config(rows, rows, heads, rows * max_pages, max_pages);
+  KvCache cache(cfg, recipe);
+  StepDriver drv{cache, max_pages};
+  std::vector<int> ids, lens;
+  for (int r = 0; r < rows; ++r) {
+    ids.push_back(r * max_pages);
+    lens.push_back(65536 + 5 + 300 * r);
+  }
+  ASSERT_EQ(drv.step(ids, lens), 0);
+  const auto plan = cache.read_plan();
+  const int head_rows = rows * heads;
+  const SplitPolicy policy =
+      step_split_policy(kSplitCtasPerSm * cache.num_sms(), head_rows, slot_row_ctas(recipe, head_rows), cfg.max_splits,
+                        split_floor(recipe), max_one_wave_pages(recipe));
+  for (int r = 0; r < rows; ++r) {
+    const int pages = attended_pages(lens[r], recipe);
+    const RowSplit want = plan_row_split(pages, policy);
+    EXPECT_EQ(plan.row_pages[r], pages) << r;
+    EXPECT_EQ(plan.row_splits[r], want.splits) << r;
+    EXPECT_EQ(plan.row_pages_per_split[r], want.pages_per_split) << r;
+    if (cache.num_sms() == kDefaultSmCount) {
+      EXPECT_EQ(want.splits, 5) << r;
+      EXPECT_GT(want.pages_per_split, kMaxSplitPages) << r;
     }
   }
 }

@@ -13,13 +13,21 @@ namespace fp4kv::cache::test {
 namespace {
 
 // The benchmark's original host planner with the split-size cap, kept as the specification
-// of plan_row_split.
-int measured_pages_per_split(int pages, int head_rows, int max_splits, int target_ctas, int min_pages,
-                             int max_pages) {
+// of plan_row_split, and the one-wave exception: a split over max_pages takes the one-wave
+// plan's size (one_wave_ctas / head_rows splits, at least 2) when that is at most
+// max_one_wave pages, else max_pages.
+int measured_pages_per_split(int pages, int head_rows, int max_splits, int target_ctas, int min_pages, int max_pages,
+                             int one_wave_ctas, int max_one_wave) {
   const int rows = std::max(1, head_rows);
   int want = std::max(1, (target_ctas + rows - 1) / rows);
   want = std::min({want, max_splits, pages});
-  int pps = std::max(std::min((pages + want - 1) / want, max_pages), std::min(min_pages, pages));
+  int even = (pages + want - 1) / want;
+  if (even > max_pages) {
+    const int s = std::min({one_wave_ctas / rows, max_splits, pages});
+    const int one_wave = s >= 2 ? (pages + s - 1) / s : 0;
+    even = one_wave > 0 && one_wave <= max_one_wave ? one_wave : max_pages;
+  }
+  int pps = std::max(even, std::min(min_pages, pages));
   while ((pages + pps - 1) / pps > max_splits) ++pps;
   return pps;
 }
@@ -41,34 +49,36 @@ TEST(SplitPlan, InvariantsAndTheMeasuredPlannerOverManyShapes) {
           for (int floor_pages : {1, 2, 4, 8})
             for (int single_page_rows : {0, 8, 64})
               for (int max_pages : {3, 64, 1 << 20})
-                for (int forced : {0, 1, 5}) {
-                  SplitPolicy p;
-                  p.head_rows = head_rows;
-                  p.max_splits = max_splits;
-                  p.target_ctas = target;
-                  p.split_floor = {floor_pages, single_page_rows};
-                  p.max_pages = max_pages;
-                  p.forced_pages_per_split = forced;
-                  const RowSplit s = plan_row_split(pages, p);
-                  const int min_pages = pages <= single_page_rows ? 1 : floor_pages;
-                  SCOPED_TRACE(::testing::Message() << "pages " << pages << " head_rows " << head_rows << " max_splits "
-                                                  << max_splits << " target " << target << " floor " << floor_pages
-                                                  << " single-page rows " << single_page_rows << " max " << max_pages
-                                                  << " forced " << forced);
-                  ASSERT_GE(s.splits, 1);
-                  ASSERT_LE(s.splits, max_splits);
-                  ASSERT_GE(s.splits * s.pages_per_split, pages);       // every page covered
-                  ASSERT_LT((s.splits - 1) * s.pages_per_split, pages);  // no empty split
-                  if (forced == 0) {
-                    ASSERT_EQ(s.pages_per_split,
-                              measured_pages_per_split(pages, head_rows, max_splits, target, min_pages, max_pages));
-                    // The cap holds unless min_pages or the capacity asks for more.
-                    ASSERT_LE(s.pages_per_split,
-                              std::max({max_pages, std::min(min_pages, pages), (pages + max_splits - 1) / max_splits}));
-                  } else {
-                    ASSERT_EQ(s.pages_per_split, std::max(forced, (pages + max_splits - 1) / max_splits));
+                for (int one_wave : {0, 2, 3})  // one-wave splits per (row, head), 0: none
+                  for (int forced : {0, 1, 5}) {
+                    SplitPolicy p;
+                    p.head_rows = head_rows;
+                    p.max_splits = max_splits;
+                    p.target_ctas = target;
+                    p.split_floor = {floor_pages, single_page_rows};
+                    p.max_pages = max_pages;
+                    p.one_wave_ctas = one_wave * head_rows;
+                    p.forced_pages_per_split = forced;
+                    const RowSplit s = plan_row_split(pages, p);
+                    const int min_pages = pages <= single_page_rows ? 1 : floor_pages;
+                    // 1..max_splits splits, every page covered, none empty; the specification's
+                    // size; unforced, a cap holds unless min_pages or the capacity asks for more.
+                    const int want =
+                        forced > 0 ? std::max(forced, (pages + max_splits - 1) / max_splits)
+                                   : measured_pages_per_split(pages, head_rows, max_splits, target, min_pages, max_pages,
+                                                              p.one_wave_ctas, p.max_one_wave_pages);
+                    const int cap = std::max({max_pages, one_wave > 0 ? kMaxOneWavePages : 0,
+                                              std::min(min_pages, pages), (pages + max_splits - 1) / max_splits});
+                    const bool ok = s.splits >= 1 && s.splits <= max_splits && s.splits * s.pages_per_split >= pages &&
+                                    (s.splits - 1) * s.pages_per_split < pages && s.pages_per_split == want &&
+                                    (forced > 0 || s.pages_per_split <= cap);
+                    if (!ok)  // one check per case: a SCOPED_TRACE here would format ~10^6 messages
+                      FAIL() << "pages " << pages << " head_rows " << head_rows << " max_splits " << max_splits
+                             << " target " << target << " floor " << floor_pages << " single-page rows "
+                             << single_page_rows << " max " << max_pages << " one-wave splits " << one_wave
+                             << " forced " << forced << ": " << s.splits << " splits of " << s.pages_per_split
+                             << " pages, expected " << want << " pages";
                   }
-                }
 }
 
 TEST(SplitPlan, TargetIsOneWaveOfWholeSplitsWithSlotsForTheSinkRecentCtas) {
@@ -94,6 +104,45 @@ TEST(SplitPlan, TargetIsOneWaveOfWholeSplitsWithSlotsForTheSinkRecentCtas) {
   EXPECT_EQ(slot_row_ctas(KvFormat::bf16, true, true, 8), 0);
   EXPECT_FALSE(has_slot_rows(KvFormat::fp32, true, true));  // the CPU oracle: no GPU cache
   EXPECT_TRUE(has_slot_rows(KvFormat::mxfp4, true, false));
+}
+
+TEST(SplitPlan, OneWaveOfSplitsUpTo128PagesBesideTheSinkRecentCtas) {
+  // 2 CTAs on each of 132 SMs, the FP4 split floor, one sink/recent CTA per (row, KV head):
+  // the cases of docs/PERF.md, "One wave of splits up to 128 pages".
+  auto split_of = [](int batch, int kv_heads, int pages) {
+    const int head_rows = batch * kv_heads;
+    const SplitPolicy p =
+        step_split_policy(kSplitCtasPerSm * kDefaultSmCount, head_rows, head_rows, 128, {4, 0}, kMaxOneWavePages);
+    return plan_row_split(pages, p);
+  };
+  // Qwen3-4B (8 KV heads), 64K tokens (511 attended pages).
+  EXPECT_EQ(split_of(3, 8, 511).splits, 10);  // 52 pages: the target's one wave, under 64
+  EXPECT_EQ(split_of(4, 8, 511).splits, 7);   // 73 pages: 7 x 32 + 32 = 256 CTAs, not 8 x 32 + 32
+  EXPECT_EQ(split_of(4, 8, 511).pages_per_split, 73);
+  EXPECT_EQ(split_of(5, 8, 511).splits, 5);  // 103 pages: 5 x 40 + 40 = 240 (the target's 6 x 40 + 40 spill)
+  EXPECT_EQ(split_of(6, 8, 511).splits, 4);  // 128 pages
+  EXPECT_EQ(split_of(6, 8, 511).pages_per_split, kMaxOneWavePages);
+  EXPECT_EQ(split_of(8, 8, 511).splits, 8);  // one wave would be 3 of 171 pages: splits of 64
+  EXPECT_EQ(split_of(8, 8, 511).pages_per_split, kMaxSplitPages);
+  // 32K tokens (255 pages): batch 12 has room for one split beside the sink/recent CTAs only.
+  EXPECT_EQ(split_of(10, 8, 255).splits, 2);
+  EXPECT_EQ(split_of(12, 8, 255).splits, 4);
+  EXPECT_EQ(split_of(12, 8, 255).pages_per_split, kMaxSplitPages);
+  // Qwen3-30B-A3B (4 KV heads) at 128K tokens (1023 pages): batch 5, 12 splits of 86.
+  EXPECT_EQ(split_of(5, 4, 1023).splits, 12);
+  EXPECT_EQ(split_of(64, 8, 511).splits, 8);  // one split per (row, head) is no one-wave plan
+  EXPECT_EQ(one_wave_split_ctas(264, 64, 64), 192);
+  EXPECT_EQ(one_wave_split_ctas(264, 96, 96), 0);
+  EXPECT_EQ(one_wave_split_ctas(264, 200, 0), 0);
+  // The native kernels keep the 64-page cut: batch 5 of 64K tokens, 8 splits.
+  EXPECT_EQ(max_one_wave_pages(parse_recipe("nvfp4")), kMaxOneWavePages);
+  EXPECT_EQ(max_one_wave_pages(parse_recipe("bf16")), kMaxOneWavePages);
+  const Recipe native = parse_recipe("nvfp4-native");
+  EXPECT_EQ(max_one_wave_pages(native), 0);
+  const SplitPolicy p = step_split_policy(kSplitCtasPerSm * kDefaultSmCount, 40, 40, 128, split_floor(native),
+                                          max_one_wave_pages(native));
+  EXPECT_EQ(plan_row_split(511, p).splits, 8);
+  EXPECT_EQ(plan_row_split(511, p).pages_per_split, kMaxSplitPages);
 }
 
 TEST(SplitPlan, TargetInvariantsOverManyShapes) {
