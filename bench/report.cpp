@@ -73,6 +73,7 @@ Sweep parse_sweep(std::string_view json_text, const std::string& source) {
   s.read_tbs = number_field(j, "read_tbs", source);
   s.copy_tbs = number_field(j, "copy_tbs", source);
   s.runs = int_field(j, "runs", source);
+  if (j.contains("sm_mhz")) s.sm_mhz = number_field(j, "sm_mhz", source);
   require(s.read_tbs > 0, source + ": \"read_tbs\" must be positive");
   const json& pts = field(j, "points", source);
   require(pts.is_array(), source + ": \"points\" must be an array");
@@ -85,7 +86,9 @@ std::string sweep_markdown(const Sweep& s) {
   std::ostringstream md;
   md << "Decode attention, one layer, " << s.date << ", " << s.device << " (" << s.sms << " SMs). Streaming read "
      << fmt("%.2f", s.read_tbs) << " TB/s, device copy " << fmt("%.2f", s.copy_tbs)
-     << " TB/s (read + write), measured in the same run. Median of " << s.runs
+     << " TB/s (read + write), measured in the same run"
+     << (s.sm_mhz > 0 ? ", after the SM clock settled at " + fmt("%.0f", s.sm_mhz) + " MHz" : std::string())
+     << ". Median of " << s.runs
      << " CUDA-event-timed runs over rotated cache copies. KV MB: pool pages plus BF16 sink/recent rows read. "
         "x bf16: our bf16 kernel's time over this one; x SDPA: PyTorch SDPA bf16 time over this one.\n\n";
   md << "| shape | context | batch | preset | time (us) | KV MB | TB/s | % of read BW | x bf16 | SDPA bf16 (us) | x SDPA "

@@ -30,6 +30,7 @@ struct Sweep {
   std::string date, device;
   int sms = 0, runs = 0;
   double read_tbs = 0, copy_tbs = 0;  // bandwidths measured in the same run
+  double sm_mhz = 0;  // the SM clock settled before timing (0: not recorded, older sweeps)
   std::vector<SweepPoint> points;
 };
 

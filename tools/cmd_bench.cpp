@@ -191,10 +191,10 @@ int run_bench(const BenchArgs& A) {
   cudaDeviceProp prop;
   cuda_check(cudaGetDeviceProperties(&prop, dev), "bench: cudaGetDeviceProperties");
   const int sms = prop.multiProcessorCount;
-  double read_tbs = 0, copy_tbs = 0;
-  testing::measure_bandwidth(read_tbs, copy_tbs);
-  std::printf("device %s, %d SMs, L2 %d MB: streaming read %.2f TB/s, device copy %.2f TB/s (read + write)\n", prop.name,
-              sms, prop.l2CacheSize >> 20, read_tbs, copy_tbs);
+  double read_tbs = 0, copy_tbs = 0, sm_mhz = 0;
+  testing::measure_bandwidth(read_tbs, copy_tbs, &sm_mhz);
+  std::printf("device %s, %d SMs, L2 %d MB, SM clock %.0f MHz: streaming read %.2f TB/s, device copy %.2f TB/s "
+              "(read + write)\n", prop.name, sms, prop.l2CacheSize >> 20, sm_mhz, read_tbs, copy_tbs);
   std::map<std::string, double> sdpa;  // "shape/ctx/batch" -> us
   if (!A.sdpa.empty()) {
     std::ifstream in(A.sdpa);
@@ -241,6 +241,7 @@ int run_bench(const BenchArgs& A) {
   j["sms"] = sms;
   j["read_tbs"] = read_tbs;
   j["copy_tbs"] = copy_tbs;
+  j["sm_mhz"] = sm_mhz;
   j["runs"] = A.runs;
   j["points"] = nlohmann::json::array();
   for (const auto& p : pts) {

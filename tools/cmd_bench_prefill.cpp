@@ -138,8 +138,9 @@ int run_bench_prefill(const PrefillBenchArgs& A) {
   check_output_writable(A.markdown, "--markdown");
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("prefill attention on %s: %d query heads, %d KV heads, head_dim %d, chunk %d after a prefix\n", prop.name,
-              A.q_heads, A.kv_heads, A.head_dim, A.chunk);
+  const double sm_mhz = testing::settle_sm_clock();
+  std::printf("prefill attention on %s (SM clock %.0f MHz): %d query heads, %d KV heads, head_dim %d, chunk %d after a "
+              "prefix\n", prop.name, sm_mhz, A.q_heads, A.kv_heads, A.head_dim, A.chunk);
   nlohmann::json j = {{"device", prop.name}, {"q_heads", A.q_heads}, {"kv_heads", A.kv_heads},
                       {"head_dim", A.head_dim}, {"chunk", A.chunk}};
   std::string md = "| preset | kernel | context | from scratch ms | TFLOP/s | last chunk after the prefix ms | TFLOP/s |\n"

@@ -87,6 +87,19 @@ __global__ void __launch_bounds__(512) stream_read_kernel(const uint4* __restric
   if (acc == 0x9E3779B9u) *sink = acc;
 }
 
+// Spins every SM for spin_ns of the global timer and writes the SM clock it saw (block 0's
+// cycles over the elapsed nanoseconds, in MHz) to *mhz.
+__global__ void clock_spin_kernel(unsigned long long spin_ns, double* mhz) {
+  unsigned long long t0, t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const long long c0 = clock64();
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  } while (t1 - t0 < spin_ns);
+  const long long c1 = clock64();
+  if (blockIdx.x == 0 && threadIdx.x == 0) *mhz = double(c1 - c0) * 1e3 / double(t1 - t0);
+}
+
 int grid_for(long long work) {
   int dev = 0, sms = 132;
   cudaGetDevice(&dev);
@@ -130,7 +143,29 @@ void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStre
   stream_read_kernel<<<sms * 4, 512, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
 }
 
-void measure_bandwidth(double& read_tbs, double& copy_tbs) {
+double settle_sm_clock() {
+  constexpr unsigned long long kSpinNs = 20'000'000;     // one reading: 20 ms of spinning
+  constexpr double kSettledSeconds = 0.5, kMaxSeconds = 10.0, kRise = 1.01;
+  int dev = 0, sms = 132;
+  FP4KV_CUDA_OK(cudaGetDevice(&dev));
+  FP4KV_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  DeviceBuffer<double> reading(1);
+  double best = 0.0, spun = 0.0, since_rise = 0.0;
+  while (spun < kMaxSeconds && since_rise < kSettledSeconds) {
+    clock_spin_kernel<<<sms, 32>>>(kSpinNs, reading.get());
+    double mhz = 0.0;
+    FP4KV_CUDA_OK(cudaMemcpy(&mhz, reading.get(), sizeof mhz, cudaMemcpyDeviceToHost));
+    spun += kSpinNs * 1e-9;
+    since_rise += kSpinNs * 1e-9;
+    if (mhz > best * kRise) since_rise = 0.0;
+    if (mhz > best) best = mhz;
+  }
+  return best;
+}
+
+void measure_bandwidth(double& read_tbs, double& copy_tbs, double* sm_mhz) {
+  const double mhz = settle_sm_clock();
+  if (sm_mhz) *sm_mhz = mhz;
   const size_t bytes = size_t(4) << 30;
   DeviceBuffer<uint8_t> buf(bytes);
   DeviceBuffer<unsigned long long> sink(1);

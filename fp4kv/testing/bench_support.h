@@ -25,8 +25,15 @@ void fill_random_float(float* p, size_t n, float scale, uint64_t seed, cudaStrea
 // only if it matches an impossible value (so the loads are not removed).
 void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStream_t stream = nullptr);
 
+// Keeps every SM busy until the SM clock stops rising (no reading 1 % above the best for
+// 0.5 s; at most 10 s) and returns it, MHz. An idle card clocks its SMs down (the H100: 345
+// MHz) and takes ~2 s of load to reach its boost clock; a benchmark's first point timed
+// before that ran up to 16 % slow (docs/PERF.md, "One wave of splits up to 128 pages").
+double settle_sm_clock();
+
 // Read bandwidth (streaming loads over 4 GiB) and device-copy bandwidth (read + write), TB/s,
-// median of 15 CUDA-event-timed runs: the rates a benchmark's numbers are held to.
-void measure_bandwidth(double& read_tbs, double& copy_tbs);
+// median of 15 CUDA-event-timed runs, after settle_sm_clock (its clock to *sm_mhz if given):
+// the rates a benchmark's numbers are held to.
+void measure_bandwidth(double& read_tbs, double& copy_tbs, double* sm_mhz = nullptr);
 
 }  // namespace fp4kv::testing

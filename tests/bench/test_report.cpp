@@ -37,6 +37,17 @@ std::vector<Row> table_rows(const std::string& md) {
 
 Sweep sample() { return parse_sweep(test::kSampleSweep, "sample.json"); }
 
+TEST(BenchReport, CaptionNamesTheSettledSmClockWhenTheSweepHasIt) {
+  EXPECT_EQ(sweep_markdown(sample()).find("SM clock"), std::string::npos);  // older sweeps: no clock recorded
+  std::string json = test::kSampleSweep;
+  json.replace(json.find("\"runs\""), 6, "\"sm_mhz\": 1980.4, \"runs\"");
+  const Sweep s = parse_sweep(json, "clock.json");
+  EXPECT_DOUBLE_EQ(s.sm_mhz, 1980.4);
+  EXPECT_NE(sweep_markdown(s).find("measured in the same run, after the SM clock settled at 1980 MHz. Median of 15"),
+            std::string::npos)
+      << sweep_markdown(s);
+}
+
 TEST(BenchReport, SweepMarkdownHasOneRowPerPointInSweepOrder) {
   const std::string md = sweep_markdown(sample());
   EXPECT_EQ(md.rfind("Decode attention, one layer, 2026-12-01, Test GPU (132 SMs). Streaming read 4.50 TB/s, device "
