@@ -143,24 +143,45 @@ void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStre
   stream_read_kernel<<<sms * 4, 512, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
 }
 
-double settle_sm_clock() {
-  constexpr unsigned long long kSpinNs = 20'000'000;     // one reading: 20 ms of spinning
-  constexpr double kSettledSeconds = 0.5, kMaxSeconds = 10.0, kRise = 1.01;
+namespace {
+
+constexpr unsigned long long kClockSpinNs = 20'000'000;  // one clock reading: 20 ms of spinning
+constexpr double kClockSpinSeconds = kClockSpinNs * 1e-9;
+
+// The SM clock (MHz) over one kClockSpinNs spin of every SM.
+double sm_clock_reading(DeviceBuffer<double>& reading) {
   int dev = 0, sms = 132;
   FP4KV_CUDA_OK(cudaGetDevice(&dev));
   FP4KV_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  clock_spin_kernel<<<sms, 32>>>(kClockSpinNs, reading.get());
+  double mhz = 0.0;
+  FP4KV_CUDA_OK(cudaMemcpy(&mhz, reading.get(), sizeof mhz, cudaMemcpyDeviceToHost));
+  return mhz;
+}
+
+}  // namespace
+
+double settle_sm_clock() {
+  constexpr double kSettledSeconds = 0.5, kMaxSeconds = 10.0, kRise = 1.01;
   DeviceBuffer<double> reading(1);
   double best = 0.0, spun = 0.0, since_rise = 0.0;
   while (spun < kMaxSeconds && since_rise < kSettledSeconds) {
-    clock_spin_kernel<<<sms, 32>>>(kSpinNs, reading.get());
-    double mhz = 0.0;
-    FP4KV_CUDA_OK(cudaMemcpy(&mhz, reading.get(), sizeof mhz, cudaMemcpyDeviceToHost));
-    spun += kSpinNs * 1e-9;
-    since_rise += kSpinNs * 1e-9;
+    const double mhz = sm_clock_reading(reading);
+    spun += kClockSpinSeconds;
+    since_rise += kClockSpinSeconds;
     if (mhz > best * kRise) since_rise = 0.0;
     if (mhz > best) best = mhz;
   }
   return best;
+}
+
+double hold_sm_clock(double settled_mhz) {
+  constexpr double kNear = 0.98, kMaxSeconds = 3.0;
+  DeviceBuffer<double> reading(1);
+  double mhz = 0.0;
+  for (double spun = 0.0; spun < kMaxSeconds && mhz < kNear * settled_mhz; spun += kClockSpinSeconds)
+    mhz = sm_clock_reading(reading);
+  return mhz;
 }
 
 void measure_bandwidth(double& read_tbs, double& copy_tbs, double* sm_mhz) {

@@ -30,6 +30,10 @@ void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStre
 // MHz) and takes ~2 s of load to reach its boost clock; a benchmark's first point timed
 // before that ran up to 16 % slow (docs/PERF.md, "One wave of splits up to 128 pages").
 double settle_sm_clock();
+// Before a timed point, after host work that may have let the card idle: spins every SM
+// until the SM clock is back within 2 % of `settled_mhz` (one 20-ms reading when it is;
+// at most 3 s); returns the last reading.
+double hold_sm_clock(double settled_mhz);
 
 // Read bandwidth (streaming loads over 4 GiB) and device-copy bandwidth (read + write), TB/s,
 // median of 15 CUDA-event-timed runs, after settle_sm_clock (its clock to *sm_mhz if given):
