@@ -1,7 +1,7 @@
 // Device helpers of the decode benchmark (`fp4kv bench decode`): random but valid cache
 // pages written directly on the device (no CPU quantizer, so a sweep over 100 GB of cache
-// sets up in milliseconds), and a streaming-read kernel that measures the read bandwidth
-// the decode kernels are held to.
+// sets up in milliseconds), the SM-clock warm-up every timed benchmark starts with, and a
+// streaming-read kernel that measures the read bandwidth the decode kernels are held to.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,10 +25,11 @@ void fill_random_float(float* p, size_t n, float scale, uint64_t seed, cudaStrea
 // only if it matches an impossible value (so the loads are not removed).
 void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStream_t stream = nullptr);
 
-// Keeps every SM busy until the SM clock stops rising (no reading 1 % above the best for
-// 0.5 s; at most 10 s) and returns it, MHz. An idle card clocks its SMs down (the H100: 345
-// MHz) and takes ~2 s of load to reach its boost clock; a benchmark's first point timed
-// before that ran up to 16 % slow (docs/PERF.md, "One wave of splits up to 128 pages").
+// Keeps every SM busy until the SM clock is within 5 % of the device's peak clock, or stops
+// rising (no 20-ms reading 1 % above the best for 1 s: a card held below its peak), at most
+// 10 s; returns the best reading, MHz. An idle card clocks its SMs down (the H100: 345 MHz)
+// and takes ~2 s of load, in steps, to reach its boost clock; a benchmark's first point
+// timed before that ran up to 16 % slow (docs/PERF.md, "One wave of splits up to 128 pages").
 double settle_sm_clock();
 // Before a timed point, after host work that may have let the card idle: spins every SM
 // until the SM clock is back within 2 % of `settled_mhz` (one 20-ms reading when it is;
