@@ -32,8 +32,8 @@ void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStre
 // timed before that ran up to 16 % slow (docs/PERF.md, "One wave of splits up to 128 pages").
 double settle_sm_clock();
 // Before a timed point, after host work that may have let the card idle: spins every SM
-// until the SM clock is back within 2 % of `settled_mhz` (one 20-ms reading when it is;
-// at most 3 s); returns the last reading.
+// until the SM clock is back within 5 % of `settled_mhz` (one 20-ms reading when it is;
+// at most 1 s); returns the last reading.
 double hold_sm_clock(double settled_mhz);
 
 // Read bandwidth (streaming loads over 4 GiB) and device-copy bandwidth (read + write), TB/s,
