@@ -143,13 +143,20 @@ struct RowSplit {
 
 FP4KV_HD int ceil_div_pages(int a, int b) { return (a + b - 1) / b; }
 
-// The split size of the one-wave plan for a row of `pages` pages, if the policy has one
-// with at most max_one_wave_pages pages a split; else 0.
-FP4KV_HD int one_wave_pages(int pages, const SplitPolicy& p) {
+// Splits of a row of `pages` pages when `ctas` split CTAs are spread over the policy's head
+// rows: ceil(ctas / head_rows), at least 1, at most max_splits and the row's pages.
+FP4KV_HD int splits_for_ctas(int ctas, int pages, const SplitPolicy& p) {
   const int head_rows = p.head_rows > 1 ? p.head_rows : 1;
-  int s = p.one_wave_ctas / head_rows;
+  int s = ceil_div_pages(ctas > 1 ? ctas : 1, head_rows);
   s = s < p.max_splits ? s : p.max_splits;
   s = s < pages ? s : pages;
+  return s > 1 ? s : 1;
+}
+
+// The split size of the one-wave plan for a row of `pages` pages, if the policy has one
+// (two or more splits) with at most max_one_wave_pages pages a split; else 0.
+FP4KV_HD int one_wave_pages(int pages, const SplitPolicy& p) {
+  const int s = splits_for_ctas(p.one_wave_ctas, pages, p);
   if (s < 2) return 0;
   const int even = ceil_div_pages(pages, s);
   return even <= p.max_one_wave_pages ? even : 0;
@@ -160,11 +167,7 @@ FP4KV_HD int one_wave_pages(int pages, const SplitPolicy& p) {
 // needed: the one-wave plan's split if it has one, else max_pages), at least the floor's
 // pages for this row (or the whole row; the floor wins over max_pages).
 FP4KV_HD int choose_pages_per_split(int pages, const SplitPolicy& p) {
-  const int head_rows = p.head_rows > 1 ? p.head_rows : 1;
-  int want = ceil_div_pages(p.target_ctas > 1 ? p.target_ctas : 1, head_rows);
-  want = want < p.max_splits ? want : p.max_splits;
-  want = want < pages ? want : pages;
-  want = want > 1 ? want : 1;
+  const int want = splits_for_ctas(p.target_ctas, pages, p);
   const int min_pages = p.split_floor.for_row(pages);
   const int floor_pages = min_pages < pages ? min_pages : pages;
   int even = ceil_div_pages(pages, want);
