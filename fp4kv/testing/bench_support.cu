@@ -102,10 +102,16 @@ __global__ void clock_spin_kernel(unsigned long long spin_ns, double* mhz) {
   if (blockIdx.x == 0 && threadIdx.x == 0) *mhz = double(c1 - c0) * 1e3 / double(t1 - t0);
 }
 
-int grid_for(long long work) {
+// SMs of the current device (132, the H200's, if the query fails).
+int current_device_sms() {
   int dev = 0, sms = 132;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
+}
+
+int grid_for(long long work) {
+  const int sms = current_device_sms();
   const long long g = (work + 255) / 256;
   return int(g < sms * 16LL ? (g > 0 ? g : 1) : sms * 16LL);
 }
@@ -139,10 +145,7 @@ void fill_random_float(float* p, size_t n, float scale, uint64_t seed, cudaStrea
 }
 
 void stream_read(const void* p, size_t bytes, unsigned long long* sink, cudaStream_t stream) {
-  int dev = 0, sms = 132;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  stream_read_kernel<<<sms * 4, 512, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
+  stream_read_kernel<<<current_device_sms() * 4, 512, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
 }
 
 namespace {
@@ -152,10 +155,7 @@ constexpr double kClockSpinSeconds = kClockSpinNs * 1e-9;
 
 // The SM clock (MHz) over one kClockSpinNs spin of every SM.
 double sm_clock_reading(DeviceBuffer<double>& reading) {
-  int dev = 0, sms = 132;
-  FP4KV_CUDA_OK(cudaGetDevice(&dev));
-  FP4KV_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  clock_spin_kernel<<<sms, 32>>>(kClockSpinNs, reading.get());
+  clock_spin_kernel<<<current_device_sms(), 32>>>(kClockSpinNs, reading.get());
   double mhz = 0.0;
   FP4KV_CUDA_OK(cudaMemcpy(&mhz, reading.get(), sizeof mhz, cudaMemcpyDeviceToHost));
   return mhz;
