@@ -110,7 +110,7 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
   pt.copies = copies;
   const long long nblocks = (long long)batch * pages * copies;
   DeviceBuffer<uint8_t> pool(size_t(nblocks) * stride);
-  testing::fill_random_pages(pool.get(), nblocks, stride, H, L, 0x1234u + ctx + batch);
+  testing::fill_random_pages(pool.get(), nblocks, stride, L, 0x1234u + ctx + batch);
   const int nslots = slots_used ? batch * copies : 1;
   DeviceBuffer<uint16_t> slots(size_t(nslots) * slot_row_elems);
   if (slots_used) testing::fill_random_bf16(slots.get(), size_t(nslots) * slot_row_elems, 77);

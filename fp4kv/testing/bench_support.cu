@@ -118,9 +118,8 @@ int grid_for(long long work) {
 
 }  // namespace
 
-void fill_random_pages(uint8_t* pool, long long blocks, long long block_stride, int kv_heads, const cache::PageLayout& L,
+void fill_random_pages(uint8_t* pool, long long blocks, long long block_stride, const cache::PageLayout& L,
                        uint64_t seed, cudaStream_t stream) {
-  (void)kv_heads;
   FillArgs a{};
   a.pool = pool;
   a.units = blocks * block_stride / 16;

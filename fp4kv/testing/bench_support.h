@@ -13,9 +13,9 @@
 
 namespace fp4kv::testing {
 
-// Fills `blocks` cache blocks (block_stride bytes apart, kv_heads head parts of layout L
-// each) with random codes and in-range block/page scales (timing data: no NaN or Inf).
-void fill_random_pages(uint8_t* pool, long long blocks, long long block_stride, int kv_heads, const cache::PageLayout& L,
+// Fills `blocks` cache blocks (block_stride bytes apart, each a run of KV head parts of
+// layout L) with random codes and in-range block/page scales (timing data: no NaN or Inf).
+void fill_random_pages(uint8_t* pool, long long blocks, long long block_stride, const cache::PageLayout& L,
                        uint64_t seed, cudaStream_t stream = nullptr);
 // n random BF16 values in +-[0.5, 2).
 void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, cudaStream_t stream = nullptr);
