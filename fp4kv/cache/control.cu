@@ -181,9 +181,10 @@ __global__ void __launch_bounds__(kControlThreads) control_kernel(const ControlA
 
   // Split-KV plan (split_plan.h, the same planner as host-filled plans): one wave of whole
   // splits over the rows with pages (the BF16 sink/recent CTAs of a quantized cache given
-  // slots when that is cheap), splits over 64 pages cut to 64 unless a one-wave plan beside
-  // the sink/recent CTAs keeps them at most 128 (not for native recipes), at least the
-  // recipe's split floor of pages, at most max_splits per row.
+  // slots when that is cheap), splits over kMaxSplitPages cut to it unless a one-wave plan
+  // beside the sink/recent CTAs keeps them at most kMaxOneWavePages (not for native recipes:
+  // dims.max_one_wave_pages), at least the recipe's split floor of pages, at most max_splits
+  // per row.
   const int head_rows = s_rows_with_pages * a.dims.heads;
   const SplitPolicy policy =
       step_split_policy(a.resident_ctas, head_rows, slot_row_ctas(a.dims.format, a.dims.sink, a.dims.recent, head_rows),

@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "fp4kv/cache/split_plan.h"
 #include "fp4kv/testing/cuda_testing.h"
 
 namespace fp4kv::testing {
@@ -102,9 +103,9 @@ __global__ void clock_spin_kernel(unsigned long long spin_ns, double* mhz) {
   if (blockIdx.x == 0 && threadIdx.x == 0) *mhz = double(c1 - c0) * 1e3 / double(t1 - t0);
 }
 
-// SMs of the current device (132, the H200's, if the query fails).
+// SMs of the current device (cache::kDefaultSmCount, the H200's, if the query fails).
 int current_device_sms() {
-  int dev = 0, sms = 132;
+  int dev = 0, sms = cache::kDefaultSmCount;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   return sms;
@@ -151,6 +152,7 @@ namespace {
 
 constexpr unsigned long long kClockSpinNs = 20'000'000;  // one clock reading: 20 ms of spinning
 constexpr double kClockSpinSeconds = kClockSpinNs * 1e-9;
+constexpr double kNearClock = 0.95;  // a clock within 5 % of its target counts as there
 
 // The SM clock (MHz) over one kClockSpinNs spin of every SM.
 double sm_clock_reading(DeviceBuffer<double>& reading) {
@@ -163,12 +165,12 @@ double sm_clock_reading(DeviceBuffer<double>& reading) {
 }  // namespace
 
 double settle_sm_clock() {
-  constexpr double kNearPeak = 0.95, kSettledSeconds = 1.0, kMaxSeconds = 10.0, kRise = 1.01;
+  constexpr double kSettledSeconds = 1.0, kMaxSeconds = 10.0, kRise = 1.01;
   int dev = 0, peak_khz = 0;
   FP4KV_CUDA_OK(cudaGetDevice(&dev));
   FP4KV_CUDA_OK(cudaDeviceGetAttribute(&peak_khz, cudaDevAttrClockRate, dev));
   // Near the peak is enough; without a peak to compare (attribute 0), only the rise decides.
-  const double enough_mhz = peak_khz > 0 ? kNearPeak * peak_khz * 1e-3 : std::numeric_limits<double>::infinity();
+  const double enough_mhz = peak_khz > 0 ? kNearClock * peak_khz * 1e-3 : std::numeric_limits<double>::infinity();
   DeviceBuffer<double> reading(1);
   double best = 0.0, spun = 0.0, since_rise = 0.0;
   while (spun < kMaxSeconds && since_rise < kSettledSeconds && best < enough_mhz) {
@@ -182,10 +184,10 @@ double settle_sm_clock() {
 }
 
 double hold_sm_clock(double settled_mhz) {
-  constexpr double kNear = 0.95, kMaxSeconds = 1.0;  // loose and short: it runs before every point
+  constexpr double kMaxSeconds = 1.0;  // short: it runs before every point
   DeviceBuffer<double> reading(1);
   double mhz = 0.0;
-  for (double spun = 0.0; spun < kMaxSeconds && mhz < kNear * settled_mhz; spun += kClockSpinSeconds)
+  for (double spun = 0.0; spun < kMaxSeconds && mhz < kNearClock * settled_mhz; spun += kClockSpinSeconds)
     mhz = sm_clock_reading(reading);
   return mhz;
 }
