@@ -161,9 +161,8 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
     attn.run(step, layer, q.get(), out.get(), lse.get());
   };
   testing::hold_sm_clock(sm_mhz);  // the pool's allocation and fill may have let the card idle
-  for (int i = 0; i < 3; ++i) run(i);
-  cuda_check(cudaDeviceSynchronize(), "bench: warm-up");
-  pt.us = median_event_us(A.runs, [&](int i) { run(i + 1); });
+  const int first_timed = testing::warm_up(run);
+  pt.us = median_event_us(A.runs, [&](int i) { run(first_timed + i); });
   pt.tbs = pt.bytes / (pt.us * 1e-6) / 1e12;
   return pt;
 }

@@ -106,7 +106,7 @@ void tpot_part(Run& run, const E2eArgs& A) {
           engine::StepModel& m = *loaded.model;
           const engine::StepRows rows = rows_at(m, batch, ctx);
           m.fill_random_context(rows, ctx, kFillSeed);
-          for (int i = 0; i < kWarmupSteps; ++i) m.step(rows);
+          warm_up_steps(m, rows);
           const double us = median_step_us(m, rows, A.runs);
           m.read_logits();  // the step's error flags
           if (preset == "bf16") bf16_us = us;
@@ -274,7 +274,7 @@ void overhead_part(Run& run, const E2eArgs& A) {
     for (int round = 0; round < kOverheadRounds; ++round) {
       for (const bool updates : {true, false}) {
         m.set_cache_updates(updates);
-        for (int i = 0; i < kWarmupSteps; ++i) m.step(rows);
+        warm_up_steps(m, rows);
         (updates ? with_rounds : without_rounds).push_back(median_step_us(m, rows, A.runs));
       }
     }
@@ -317,7 +317,7 @@ void capacity_part(Run& run, const E2eArgs& A) {
   m.fill_random_tokens(rows, 0, kMillion, kFillSeed, kFillChunk);
   m.step(rows);
   const std::vector<float> first = m.read_logits();
-  for (int i = 0; i < kWarmupSteps; ++i) m.step(rows);
+  warm_up_steps(m, rows);
   const double us = median_step_us(m, rows, A.runs);
   m.release(rows.block_tables[0]);
   m.fill_random_tokens(rows, 0, kMillion, kFillSeed, kRefillChunk);  // the same cache, other chunks

@@ -131,15 +131,12 @@ MlaPoint measure(const MlaBenchArgs& A, const Recipe& recipe, int heads, int con
   step.mu_c = mu.get();
   const auto* q_c = reinterpret_cast<const __nv_bfloat16*>(qc.get());
   const auto* q_r = reinterpret_cast<const __nv_bfloat16*>(qr.get());
-  for (int i = 0; i < 3; ++i) {
+  auto run = [&](int i) {
     step.block_tables = dtab.get() + size_t(i % pt.copies) * batch * pages;
     attn.run(step, q_c, q_r, out.get(), lse.get());
-  }
-  cache::cuda_check(cudaDeviceSynchronize(), "bench mla: warm-up");
-  pt.us = testing::median_event_us(A.runs, [&](int i) {
-    step.block_tables = dtab.get() + size_t((i + 1) % pt.copies) * batch * pages;
-    attn.run(step, q_c, q_r, out.get(), lse.get());
-  });
+  };
+  const int first_timed = testing::warm_up(run);
+  pt.us = testing::median_event_us(A.runs, [&](int i) { run(first_timed + i); });
   pt.tbs = pt.bytes / (pt.us * 1e-6) / 1e12;
   return pt;
 }

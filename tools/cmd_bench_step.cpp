@@ -68,7 +68,7 @@ StepPoint run_point(const BenchModel& model, const std::string& preset, int cont
   engine::StepModel& m = *loaded.model;
   const engine::StepRows rows = rows_at(m, batch, context);
   m.fill_random_context(rows, context, kFillSeed);
-  for (int i = 0; i < kWarmupSteps; ++i) m.step(rows);
+  warm_up_steps(m, rows);
   pt.graph_us = median_step_us(m, rows, runs);
   m.set_cuda_graphs(false);
   m.step(rows);

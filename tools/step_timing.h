@@ -11,6 +11,7 @@
 #include "fp4kv/cache/layout.h"
 #include "fp4kv/core/recipe.h"
 #include "fp4kv/engine/gpu_model.h"
+#include "fp4kv/testing/cuda_testing.h"
 
 namespace fp4kv::cli {
 
@@ -34,6 +35,14 @@ inline double median_step_us(engine::StepModel& m, const engine::StepRows& rows,
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(ms.begin(), ms.end());
   return 1e3 * ms[runs / 2];
+}
+
+// The steps before a timing: kWarmupSteps, then as many as fill testing::kWarmUpSeconds at
+// their median (testing::warm_up_runs says why a fixed count was not enough).
+inline void warm_up_steps(engine::StepModel& m, const engine::StepRows& rows) {
+  const int more = testing::warm_up_runs(median_step_us(m, rows, kWarmupSteps));
+  for (int i = 0; i < more; ++i) m.step(rows);
+  m.synchronize();
 }
 
 // `batch` requests at `context` tokens each, request r owning blocks [r * pages, (r + 1) * pages);
