@@ -37,7 +37,7 @@ inline double median_step_us(engine::StepModel& m, const engine::StepRows& rows,
   return 1e3 * ms[runs / 2];
 }
 
-// The steps before a timing: kWarmupSteps, then as many as fill testing::kWarmUpSeconds at
+// The steps before a timing: kWarmupSteps, then as many as fill testing::kWarmupSeconds at
 // their median (testing::warm_up_runs says why a fixed count was not enough).
 inline void warm_up_steps(engine::StepModel& m, const engine::StepRows& rows) {
   const int more = testing::warm_up_runs(median_step_us(m, rows, kWarmupSteps));

@@ -99,25 +99,25 @@ double median_event_us(int runs, F&& run) {
 }
 
 // GPU time a benchmark point runs before it is timed, and the runs that takes at a median of
-// `us` each (at least one, at most kMaxWarmUpRuns). A fixed three runs were not enough: right
+// `us` each (at least one, at most kMaxWarmupRuns). A fixed three runs were not enough: right
 // after a sweep point that had freed a 34-GB cache (BF16, 128K context, batch 64), the next
 // point's first 13 runs (47 ms) were 17 % slower than the rest on an H100, and a median of 15
 // timed runs fell on them (docs/PERF.md, "Warm-up by time").
-inline constexpr double kWarmUpSeconds = 0.2;
-inline constexpr int kMaxWarmUpRuns = 5000;
+inline constexpr double kWarmupSeconds = 0.2;
+inline constexpr int kMaxWarmupRuns = 5000;
 inline int warm_up_runs(double us) {
-  return int(std::clamp(std::ceil(kWarmUpSeconds * 1e6 / std::max(us, 1.0)), 1.0, double(kMaxWarmUpRuns)));
+  return int(std::clamp(std::ceil(kWarmupSeconds * 1e6 / std::max(us, 1.0)), 1.0, double(kMaxWarmupRuns)));
 }
 
 // Runs run(i) before a point is timed: three runs, then warm_up_runs of their median; returns
 // the next i for the timed runs.
 template <class F>
 int warm_up(F&& run) {
-  constexpr int kWarmUpRuns = 3;
-  const int more = warm_up_runs(median_event_us(kWarmUpRuns, run));
-  for (int i = 0; i < more; ++i) run(kWarmUpRuns + i);
+  constexpr int kWarmupRuns = 3;
+  const int more = warm_up_runs(median_event_us(kWarmupRuns, run));
+  for (int i = 0; i < more; ++i) run(kWarmupRuns + i);
   FP4KV_CUDA_OK(cudaDeviceSynchronize());
-  return kWarmUpRuns + more;
+  return kWarmupRuns + more;
 }
 
 }  // namespace fp4kv::testing
