@@ -9,7 +9,8 @@
 # tests. Then, alternated base/new REPS times (default 3): `fp4kv bench gemm` at batch 1-8 (GEMM=0 skips),
 # `fp4kv bench step` (STEP=0 skips) with bench/compare_step.py's median ratios, and with
 # DECODE_CONTEXTS=4096,131072 the decode sweep (bench/compare_sweeps.py; DECODE_SHAPES=qwen3-4b one
-# shape; AB_TARGETS: the targets built, when the calls above need fewer). To $OUT: step_ab.md,
+# shape; DECODE_ARGS: more `bench decode` options, e.g. "--sms 96"; AB_TARGETS: the targets
+# built, when the calls above need fewer). To $OUT: step_ab.md,
 # step_ab_logs.tgz, decode_ab.md.
 #   REPS=3 [MODEL=qwen3-30b-a3b:random] [TPOT_CONTEXTS=262144] [GENERATE=1] bash bench/device_step_ab.sh
 set -o pipefail
@@ -80,7 +81,7 @@ if [ -n "$DECODE_CONTEXTS" ]; then  # the decode attention sweep, alternated bas
   for rep in $(seq 1 "$REPS"); do
     for side in base new; do
       timeout 200 /tmp/ab-build-$side/bin/fp4kv bench decode --contexts "$DECODE_CONTEXTS" --batches "${DECODE_BATCHES:-1,8,64}" \
-        --presets "${DECODE_PRESETS:-bf16,fp8,nvfp4,mxfp4,nvfp4-native}" ${DECODE_SHAPES:+--shapes $DECODE_SHAPES} --runs 15 --json /tmp/ab-logs/decode_${side}_$rep.json \
+        --presets "${DECODE_PRESETS:-bf16,fp8,nvfp4,mxfp4,nvfp4-native}" ${DECODE_SHAPES:+--shapes $DECODE_SHAPES} $DECODE_ARGS --runs 15 --json /tmp/ab-logs/decode_${side}_$rep.json \
         > /tmp/ab-logs/decode_${side}_$rep.log 2>&1
       echo "decode $side $rep rc=$?"
     done

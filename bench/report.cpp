@@ -74,6 +74,10 @@ Sweep parse_sweep(std::string_view json_text, const std::string& source) {
   s.copy_tbs = number_field(j, "copy_tbs", source);
   s.runs = int_field(j, "runs", source);
   if (j.contains("sm_mhz")) s.sm_mhz = number_field(j, "sm_mhz", source);
+  if (j.contains("device_sms")) {
+    s.device_sms = int_field(j, "device_sms", source);
+    s.partition_read_tbs = number_field(j, "partition_read_tbs", source);
+  }
   require(s.read_tbs > 0, source + ": \"read_tbs\" must be positive");
   const json& pts = field(j, "points", source);
   require(pts.is_array(), source + ": \"points\" must be an array");
@@ -84,9 +88,14 @@ Sweep parse_sweep(std::string_view json_text, const std::string& source) {
 
 std::string sweep_markdown(const Sweep& s) {
   std::ostringstream md;
-  md << "Decode attention, one layer, " << s.date << ", " << s.device << " (" << s.sms << " SMs). Streaming read "
-     << fmt("%.2f", s.read_tbs) << " TB/s, device copy " << fmt("%.2f", s.copy_tbs)
-     << " TB/s (read + write), measured in the same run"
+  const std::string partition = s.device_sms == 0 ? std::string()
+                                                  : ", kernels on " + std::to_string(s.sms) + " of them (a green context; "
+                                                        "streaming read from those " +
+                                                        fmt("%.2f", s.partition_read_tbs) + " TB/s)";
+  md << "Decode attention, one layer, " << s.date << ", " << s.device << " ("
+     << (s.device_sms > 0 ? s.device_sms : s.sms) << " SMs). Streaming read " << fmt("%.2f", s.read_tbs)
+     << " TB/s, device copy " << fmt("%.2f", s.copy_tbs) << " TB/s (read + write), measured in the same run"
+     << partition
      << (s.sm_mhz > 0 ? ", after the SM clock settled at " + fmt("%.0f", s.sm_mhz) + " MHz" : std::string())
      << ". Median of " << s.runs
      << " CUDA-event-timed runs over rotated cache copies. KV MB: pool pages plus BF16 sink/recent rows read. "

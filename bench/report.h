@@ -4,7 +4,8 @@
 // so a sweep can be re-rendered on any machine (`fp4kv bench-report`). CPU only.
 //
 // The JSON (as cmd_bench writes it): {"date", "device", "sms", "read_tbs", "copy_tbs",
-// "runs", "points": [...]}; each point has "shape", "preset", "context", "batch" and either
+// "runs", "points": [...]} and, where the sweep ran on a partition of "sms" of the device's
+// SMs (`--sms`), "device_sms" and "partition_read_tbs" (read_tbs stays the whole card's); each point has "shape", "preset", "context", "batch" and either
 // "skipped" (the reason) or "us", "kv_bytes", "tbs", "read_fraction", "x_bf16", "splits",
 // "copies" and optionally "sdpa_us", "x_sdpa". The order of the points is the sweep's
 // (shape, context, batch, preset) order; the renderers keep it.
@@ -29,6 +30,8 @@ struct SweepPoint {
 struct Sweep {
   std::string date, device;
   int sms = 0, runs = 0;
+  int device_sms = 0;             // the device's SMs when the sweep ran on a partition (0: it did not)
+  double partition_read_tbs = 0;  // the partition's own read probe
   double read_tbs = 0, copy_tbs = 0;  // bandwidths measured in the same run
   double sm_mhz = 0;  // the SM clock settled before timing (0: not recorded, older sweeps)
   std::vector<SweepPoint> points;

@@ -49,9 +49,11 @@ struct SmemPlan {
   static constexpr int KP = kBulk ? kWarps * CGW / CG : kWarps;       // partial-O slices
   static constexpr int KSP = kBulk ? kPageTokens / 16 / KP : 1;       // P.V k-steps per warp and page
   static constexpr int GMAX = (8 * NT / T) < kMaxG ? 8 * NT / T : kMaxG;
-  // Query B fragments in registers when they are few (else re-read from shared memory;
-  // 32 registers at d = 128 with two n-tiles measured no faster and spilled MXFP4).
-  static constexpr bool kQReg = KS * NT * 2 <= 16;
+  // Query B fragments in registers when they are few, else re-read from shared memory every
+  // page. The dual-residual query's two column tiles at d = 128 (32 registers; G = 8, the
+  // native presets of Qwen3-30B-A3B) fit beside everything else and save 16 LDS a page (2 %
+  // faster where the loop is issue-bound); one query term's two tiles (G = 9-16) would spill.
+  static constexpr bool kQReg = KS * NT * 2 <= (T == 2 ? 32 : 16);
   // shared memory: [region: page stages | BF16 sink/recent rows | final O merge][extras]
   static constexpr int QFRAG = KS * NT * 32 * 8;
   static constexpr int PS = 16 * kPsStride * 2 * (kBulk ? 2 : 1);   // P^T, double-buffered when lagged

@@ -6,6 +6,7 @@
 
 #include "fp4kv/cache/split_plan.h"
 #include "fp4kv/testing/cuda_testing.h"
+#include "fp4kv/testing/sm_partition.h"
 
 namespace fp4kv::testing {
 
@@ -103,12 +104,11 @@ __global__ void clock_spin_kernel(unsigned long long spin_ns, double* mhz) {
   if (blockIdx.x == 0 && threadIdx.x == 0) *mhz = double(c1 - c0) * 1e3 / double(t1 - t0);
 }
 
-// SMs of the current device (cache::kDefaultSmCount, the H200's, if the query fails).
+// SMs the kernels run on (sm_partition.h; cache::kDefaultSmCount, the H200's, if the query
+// fails).
 int current_device_sms() {
-  int dev = 0, sms = cache::kDefaultSmCount;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  return sms;
+  const int sms = usable_sms();
+  return sms > 0 ? sms : cache::kDefaultSmCount;
 }
 
 int grid_for(long long work) {
