@@ -88,10 +88,10 @@ Sweep parse_sweep(std::string_view json_text, const std::string& source) {
 
 std::string sweep_markdown(const Sweep& s) {
   std::ostringstream md;
-  const std::string partition = s.device_sms == 0 ? std::string()
-                                                  : ", kernels on " + std::to_string(s.sms) + " of them (a green context; "
-                                                        "streaming read from those " +
-                                                        fmt("%.2f", s.partition_read_tbs) + " TB/s)";
+  std::string partition;  // where the kernels ran on a partition of the SMs
+  if (s.device_sms > 0)
+    partition = ", kernels on " + std::to_string(s.sms) + " of them (a green context; streaming read from those " +
+                fmt("%.2f", s.partition_read_tbs) + " TB/s)";
   md << "Decode attention, one layer, " << s.date << ", " << s.device << " ("
      << (s.device_sms > 0 ? s.device_sms : s.sms) << " SMs). Streaming read " << fmt("%.2f", s.read_tbs)
      << " TB/s, device copy " << fmt("%.2f", s.copy_tbs) << " TB/s (read + write), measured in the same run"

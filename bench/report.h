@@ -5,10 +5,11 @@
 //
 // The JSON (as cmd_bench writes it): {"date", "device", "sms", "read_tbs", "copy_tbs",
 // "runs", "points": [...]} and, where the sweep ran on a partition of "sms" of the device's
-// SMs (`--sms`), "device_sms" and "partition_read_tbs" (read_tbs stays the whole card's); each point has "shape", "preset", "context", "batch" and either
-// "skipped" (the reason) or "us", "kv_bytes", "tbs", "read_fraction", "x_bf16", "splits",
-// "copies" and optionally "sdpa_us", "x_sdpa". The order of the points is the sweep's
-// (shape, context, batch, preset) order; the renderers keep it.
+// SMs (`--sms`), "device_sms" and "partition_read_tbs" (read_tbs stays the whole card's);
+// each point has "shape", "preset", "context", "batch" and either "skipped" (the reason) or
+// "us", "kv_bytes", "tbs", "read_fraction", "x_bf16", "splits", "copies" and optionally
+// "sdpa_us", "x_sdpa". The order of the points is the sweep's (shape, context, batch, preset)
+// order; the renderers keep it.
 #pragma once
 
 #include <string>

@@ -201,9 +201,11 @@ int run_bench(const BenchArgs& A) {
   const int sms = A.sms > 0 ? testing::confine_to_sms(A.sms) : prop.multiProcessorCount;
   if (A.sms > 0) testing::measure_bandwidth(partition_read_tbs, partition_copy_tbs);
   std::printf("device %s, %d SMs, L2 %d MB, SM clock %.0f MHz: streaming read %.2f TB/s, device copy %.2f TB/s "
-              "(read + write)\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, sm_mhz, read_tbs, copy_tbs);
+              "(read + write)\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, sm_mhz, read_tbs,
+              copy_tbs);
   if (A.sms > 0)
-    std::printf("running on %d of its SMs (a green context): streaming read from them %.2f TB/s\n", sms, partition_read_tbs);
+    std::printf("running on %d of its SMs (a green context): streaming read from them %.2f TB/s\n", sms,
+                partition_read_tbs);
   std::map<std::string, double> sdpa;  // "shape/ctx/batch" -> us
   if (!A.sdpa.empty()) {
     std::ifstream in(A.sdpa);

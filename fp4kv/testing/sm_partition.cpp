@@ -31,7 +31,8 @@ Fn driver_entry(const char* name, unsigned version) {
 }
 
 void driver_ok(CUresult r, const char* what) {
-  require(r == CUDA_SUCCESS, std::string("confine_to_sms: ") + what + " failed (CUresult " + std::to_string(int(r)) + ")");
+  require(r == CUDA_SUCCESS,
+          std::string("confine_to_sms: ") + what + " failed (CUresult " + std::to_string(int(r)) + ")");
 }
 
 }  // namespace
@@ -80,8 +81,8 @@ int confine_to_sms(int sms) {
 int usable_sms() {
   if (g_confined_sms > 0) return g_confined_sms;
   int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
   return sms;
 }
 

@@ -15,8 +15,8 @@ namespace fp4kv::testing {
 // Confines this thread's later CUDA work to a green context of at least `sms` SMs of the
 // current device (the driver rounds up to its partition granularity). The converted context
 // is the device's primary context with fewer SMs, so work done before (bench decode measures
-// the card's bandwidth on all SMs first) needs nothing redone. Returns the SMs granted. Throws fp4kv::Error where the driver has no green contexts or
-// the count is out of range.
+// the card's bandwidth on all SMs first) needs nothing redone. Returns the SMs granted; throws
+// fp4kv::Error where the driver has no green contexts or the count is out of range.
 int confine_to_sms(int sms);
 
 // The SMs this process's kernels run on: the confined count, else the device's.

@@ -56,12 +56,13 @@ TEST(BenchReport, CaptionNamesThePartitionWhenTheSweepRanOnOne) {
   EXPECT_EQ(s.sms, 96);
   EXPECT_EQ(s.device_sms, 132);
   EXPECT_DOUBLE_EQ(s.partition_read_tbs, 4.2);
-  EXPECT_EQ(sweep_markdown(s).rfind("Decode attention, one layer, 2026-12-01, Test GPU (132 SMs). Streaming read 4.50 "
-                                    "TB/s, device copy 4.00 TB/s (read + write), measured in the same run, kernels on 96 "
-                                    "of them (a green context; streaming read from those 4.20 TB/s). Median of 15",
-                                    0),
+  const std::string md = sweep_markdown(s);
+  EXPECT_EQ(md.rfind("Decode attention, one layer, 2026-12-01, Test GPU (132 SMs). Streaming read 4.50 TB/s, device "
+                     "copy 4.00 TB/s (read + write), measured in the same run, kernels on 96 of them (a green "
+                     "context; streaming read from those 4.20 TB/s). Median of 15",
+                     0),
             0u)
-      << sweep_markdown(s);
+      << md;
   std::string without_probe = test::kSampleSweep;
   without_probe.replace(without_probe.find("\"sms\": 132"), 10, "\"sms\": 96, \"device_sms\": 132");
   EXPECT_THROW(parse_sweep(without_probe, "partition.json"), Error);
