@@ -7,7 +7,7 @@
 // with its bytes. An H100 confined to ~96 SMs gives each SM the H200's share of the read
 // bandwidth (3.2 TB/s / 96 ~ 4.5 TB/s / 132 = 33-34 GB/s an SM), so a loop that is issue-bound
 // on the H200 and memory-bound on the whole H100 can be timed in the H200's regime on an H100
-// (docs/PERF.md, "An H100 with the H200's bandwidth per SM").
+// (docs/PERF.md, "An H100 with the H200's read bandwidth per SM").
 #pragma once
 
 namespace fp4kv::testing {
