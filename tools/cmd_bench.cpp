@@ -196,10 +196,10 @@ int run_bench(const BenchArgs& A) {
   // The card's read bandwidth is what every point is held to, measured on all SMs; on a
   // partition (--sms) its own probe, which one SM's few loads in flight keep below the card's
   // (3.02 against 3.19 TB/s on 96 of an H100's 132), is recorded beside it.
-  double read_tbs = 0, copy_tbs = 0, sm_mhz = 0, partition_read_tbs = 0, partition_copy_tbs = 0;
+  double read_tbs = 0, copy_tbs = 0, sm_mhz = 0;
   testing::measure_bandwidth(read_tbs, copy_tbs, &sm_mhz);
   const int sms = A.sms > 0 ? testing::confine_to_sms(A.sms) : prop.multiProcessorCount;
-  if (A.sms > 0) testing::measure_bandwidth(partition_read_tbs, partition_copy_tbs);
+  const double partition_read_tbs = A.sms > 0 ? testing::measure_read_bandwidth() : 0.0;
   std::printf("device %s, %d SMs, L2 %d MB, SM clock %.0f MHz: streaming read %.2f TB/s, device copy %.2f TB/s "
               "(read + write)\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, sm_mhz, read_tbs,
               copy_tbs);

@@ -192,15 +192,33 @@ double hold_sm_clock(double settled_mhz) {
   return mhz;
 }
 
+namespace {
+
+constexpr size_t kProbeBytes = size_t(4) << 30;
+
+// TB/s of streaming reads over `buf` (kProbeBytes), median of 15 after 3 warm-up reads.
+double stream_read_tbs(const DeviceBuffer<uint8_t>& buf) {
+  DeviceBuffer<unsigned long long> sink(1);
+  for (int i = 0; i < 3; ++i) stream_read(buf.get(), kProbeBytes, sink.get());
+  return double(kProbeBytes) /
+         (median_event_us(15, [&](int) { stream_read(buf.get(), kProbeBytes, sink.get()); }) * 1e-6) / 1e12;
+}
+
+}  // namespace
+
+double measure_read_bandwidth() {
+  DeviceBuffer<uint8_t> buf(kProbeBytes);
+  buf.fill_bytes(1);
+  return stream_read_tbs(buf);
+}
+
 void measure_bandwidth(double& read_tbs, double& copy_tbs, double* sm_mhz) {
   const double mhz = settle_sm_clock();
   if (sm_mhz) *sm_mhz = mhz;
-  const size_t bytes = size_t(4) << 30;
+  const size_t bytes = kProbeBytes;
   DeviceBuffer<uint8_t> buf(bytes);
-  DeviceBuffer<unsigned long long> sink(1);
   buf.fill_bytes(1);
-  for (int i = 0; i < 3; ++i) stream_read(buf.get(), bytes, sink.get());
-  read_tbs = double(bytes) / (median_event_us(15, [&](int) { stream_read(buf.get(), bytes, sink.get()); }) * 1e-6) / 1e12;
+  read_tbs = stream_read_tbs(buf);
   const size_t half = bytes / 2;
   for (int i = 0; i < 2; ++i)
     FP4KV_CUDA_OK(cudaMemcpyAsync(buf.get() + half, buf.get(), half, cudaMemcpyDeviceToDevice));

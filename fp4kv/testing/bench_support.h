@@ -40,5 +40,8 @@ double hold_sm_clock(double settled_mhz);
 // median of 15 CUDA-event-timed runs, after settle_sm_clock (its clock to *sm_mhz if given):
 // the rates a benchmark's numbers are held to.
 void measure_bandwidth(double& read_tbs, double& copy_tbs, double* sm_mhz = nullptr);
+// The read bandwidth alone, TB/s, at the clock as it is (after measure_bandwidth settled it):
+// the probe of a partition of the SMs (sm_partition.h).
+double measure_read_bandwidth();
 
 }  // namespace fp4kv::testing

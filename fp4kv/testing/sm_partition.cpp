@@ -60,9 +60,9 @@ int confine_to_sms(int sms) {
   driver_ok(device_get(&cu_dev, dev), "cuDeviceGet");
   CUdevResource all{};
   driver_ok(get_resource(cu_dev, &all, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource");
-  CUdevResource group{}, rest{};
+  CUdevResource group{};
   unsigned groups = 1;
-  driver_ok(split(&group, &groups, &all, &rest, 0, unsigned(sms)), "cuDevSmResourceSplitByCount");
+  driver_ok(split(&group, &groups, &all, nullptr, 0, unsigned(sms)), "cuDevSmResourceSplitByCount");
   require(groups == 1, "confine_to_sms: the driver made no group of " + std::to_string(sms) + " SMs (partitions of " +
                            std::to_string(all.sm.minSmPartitionSize) + " SMs at least, in steps of " +
                            std::to_string(all.sm.smCoscheduledAlignment) + ")");
