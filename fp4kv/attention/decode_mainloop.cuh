@@ -101,18 +101,17 @@ struct QueryOperand {
   }
 };
 
-// S^T of key group `warp` (keys 16 warp .. + 15) of the page in stage `st`, into two
-// accumulator chains (even and odd k-steps, added by the logits: half the dependent MMA
-// latency per page).
+// S^T of key group `warp` (keys 16 warp .. + 15) of the page in stage `st`, into the
+// accumulator chains (K::kSChains; the logits add them).
 template <class K>
 __device__ __forceinline__ void key_product(const uint8_t* st, int warp, int lane, const QueryOperand<K>& q,
-                                            float (&acc2)[2][K::NT][4]) {
+                                            float (&acc2)[K::kSChains][K::NT][4]) {
   using F = typename K::Fmt;
   using P = typename K::Plan;
   constexpr auto L = P::L;
   zero(acc2);
   if constexpr (!F::kBulk) {
-    F::template key_product<K::kD, K::NT>(st + L.k_codes, warp, lane, q, acc2);
+    F::template key_product<K::kD, K::kSChains, K::NT>(st + L.k_codes, warp, lane, q, acc2);
   } else {
     constexpr int NBK = F::kFp4 ? K::kD / F::kBlock : 1;  // scale blocks per key row
     typename F::template KeyScales<NBK> scales;
@@ -308,7 +307,7 @@ __device__ __forceinline__ void bulk_page_loop(const PageLoopInputs<K>& in, int 
     float kfac, vfac;
     F::page_factors(stage, L.page_scales, kfac, vfac);
     float sv[NSL][2], wm[NSL];
-    float acc2[2][K::NT][4];
+    float acc2[K::kSChains][K::NT][4];
     key_product<K>(stage, warp, lane, in.q, acc2);
     page_logits<K>(acc2, kfac, in.a.gamma, first, end, buf, warp, in.map, st, sm.red_max, sv, wm);
     __syncthreads();
@@ -356,7 +355,7 @@ __device__ __forceinline__ void page_scores(const PageLoopInputs<K>& in, StagePo
   const uint8_t* stage = in.sm.base + pos.stage * P::STAGE;
   float kfac, unused[K::NSL];
   K::Fmt::page_factors(stage, P::L.page_scales, kfac, vfac);
-  float acc2[2][K::NT][4];
+  float acc2[K::kSChains][K::NT][4];
   key_product<K>(stage, warp, lane, in.q, acc2);
   page_logits<K, false>(acc2, kfac, in.a.gamma, in.src.first_key(pg), in.src.valid_tokens(pg), 0, warp, in.map, st,
                         in.sm.red_max, sv, unused);
@@ -461,7 +460,7 @@ __device__ __forceinline__ void bf16_page_loop(const PageLoopInputs<K>& in, int 
     const int first = src.first_key(pg), end = src.valid_tokens(pg);
     const int buf = it & 1;
     float sv[NSL][2], wm[NSL];
-    float acc2[2][K::NT][4];
+    float acc2[K::kSChains][K::NT][4];
     key_product<K>(st_page, warp, lane, in.q, acc2);
     page_logits<K>(acc2, 1.0f, in.a.gamma, first, end, buf, warp, in.map, st, sm.red_max, sv, wm);
     if constexpr (NS >= 3) cp_async_wait<NS - 3>();  // page it + 1 (this thread's copies)

@@ -5,7 +5,7 @@
 //   - the page factors of S and of the P.V partial (FP32 page scales, the FP4 expansion's
 //     2^14);
 //   - the key side of S^T = K Q^T: the block scales of a warp's 16 key rows and one k-step
-//     of A fragments into the two accumulator chains (`key_kstep`);
+//     of A fragments into the accumulator chains (`key_kstep`);
 //   - the value side of O^T += V^T P^T: one k-step of a channel group (`value_kstep`).
 // The loops around these steps are shared (decode_mainloop.cuh); a step reads only its
 // arguments.
@@ -127,13 +127,13 @@ struct NvFp4Page {
 #pragma unroll
     for (int q = 0; q < NBK; ++q) s.h2[q] = e4m3_pair_to_half2_bits(words, q);
   }
-  template <int NT, int NBK, class Q>
-  __device__ __forceinline__ static void key_kstep(float (&acc2)[2][NT][4], float (&)[NT][4], const KeyScales<NBK>& s,
+  template <int NC, int NT, int NBK, class Q>
+  __device__ __forceinline__ static void key_kstep(float (&acc2)[NC][NT][4], float (&)[NT][4], const KeyScales<NBK>& s,
                                                    const uint32_t (&wv)[4], int sub, int ks, const Q& q) {
     uint32_t af[4];
     expand_fp4(af, wv[sub], s.h2[ks]);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_f16(acc2[ks % 2][nt], af, q.b(ks, nt, 0), q.b(ks, nt, 1));
+    for (int nt = 0; nt < NT; ++nt) mma_f16(acc2[ks % NC][nt], af, q.b(ks, nt, 0), q.b(ks, nt, 1));
   }
 
   // V: scale pairs of the blocks of `ksteps` k-steps (one block per k-step of 16 keys).
@@ -177,8 +177,8 @@ struct MxFp4Page {
   }
   // A block is two k-steps: its product goes to a fresh accumulator, then in FP32 times the
   // row scales into the chain of the block.
-  template <int NT, int NBK, class Q>
-  __device__ __forceinline__ static void key_kstep(float (&acc2)[2][NT][4], float (&bacc)[NT][4],
+  template <int NC, int NT, int NBK, class Q>
+  __device__ __forceinline__ static void key_kstep(float (&acc2)[NC][NT][4], float (&bacc)[NT][4],
                                                    const KeyScales<NBK>& s, const uint32_t (&wv)[4], int sub, int ks,
                                                    const Q& q) {
     uint32_t af[4];
@@ -188,7 +188,7 @@ struct MxFp4Page {
     for (int nt = 0; nt < NT; ++nt) mma_f16(bacc[nt], af, q.b(ks, nt, 0), q.b(ks, nt, 1));
     if (ks % 2 == 1) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) add_scaled(acc2[(ks / 2) % 2][nt], bacc[nt], s.f[ks / 2]);
+      for (int nt = 0; nt < NT; ++nt) add_scaled(acc2[(ks / 2) % NC][nt], bacc[nt], s.f[ks / 2]);
     }
   }
 
@@ -231,13 +231,13 @@ struct Fp8Page {
   struct KeyScales {};
   template <int NBK>
   __device__ __forceinline__ static void load_key_scales(const uint16_t*, KeyScales<NBK>&) {}
-  template <int NT, int NBK, class Q>
-  __device__ __forceinline__ static void key_kstep(float (&acc2)[2][NT][4], float (&)[NT][4], const KeyScales<NBK>&,
+  template <int NC, int NT, int NBK, class Q>
+  __device__ __forceinline__ static void key_kstep(float (&acc2)[NC][NT][4], float (&)[NT][4], const KeyScales<NBK>&,
                                                    const uint32_t (&wv)[4], int sub, int ks, const Q& q) {
     uint32_t af[4];
     expand_fp8(af, wv[2 * sub], wv[2 * sub + 1]);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_f16(acc2[ks % 2][nt], af, q.b(ks, nt, 0), q.b(ks, nt, 1));
+    for (int nt = 0; nt < NT; ++nt) mma_f16(acc2[ks % NC][nt], af, q.b(ks, nt, 0), q.b(ks, nt, 1));
   }
 
   static constexpr int value_scale_pairs(int) { return 0; }
@@ -286,9 +286,9 @@ struct Bf16Page {
   }
 
   // S^T of the warp's 16 keys: the K tile by ldmatrix from the swizzled rows.
-  template <int D, int NT, class Q>
+  template <int D, int NC, int NT, class Q>
   __device__ __forceinline__ static void key_product(const uint8_t* k_rows, int warp, int lane, const Q& q,
-                                                     float (&acc2)[2][NT][4]) {
+                                                     float (&acc2)[NC][NT][4]) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       const int i = lane / 8;
@@ -296,7 +296,7 @@ struct Bf16Page {
       uint32_t af[4];
       ldmatrix_x4(af, smem_u32(k_rows + chunk_offset<D>(row, ch)));
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mma_bf16(acc2[ks % 2][nt], af, q.b(ks, nt, 0), q.b(ks, nt, 1));
+      for (int nt = 0; nt < NT; ++nt) mma_bf16(acc2[ks % NC][nt], af, q.b(ks, nt, 0), q.b(ks, nt, 1));
     }
   }
 };

@@ -33,6 +33,10 @@ struct SplitConfig {
   static constexpr int NTP = Plan::NTP;              // n-tiles of P.V (heads / 8)
   static constexpr int NSLP = 2 * NTP;               // P.V head slots per thread
   static constexpr int KS = Plan::KS;
+  // Accumulator chains of S^T: with one column tile two (even and odd k-steps, summed by the
+  // logits) halve the dependent MMA latency of a page; two or more column tiles are already
+  // independent chains, and one chain each saves the logits' sums.
+  static constexpr int kSChains = NT >= 2 ? 1 : 2;
   static constexpr int CGW = Plan::CGW;              // channel groups of O a warp holds
   // FP8/FP4 mixed mode with one column tile and G <= 4: only lanes 0, 1 of each quad hold
   // real heads (columns 0-3), so the softmax is split across the quad: lane q < 2 keeps
@@ -94,6 +98,13 @@ __device__ __forceinline__ void publish_warp_max(float x, int sl, int buf, int w
   if (map.lane < 4 && h < map.G) red_max[(buf * kMaxG + h) * kWarps + warp] = wm[sl];
 }
 
+// Element e of column tile nt of S^T, summed over the accumulator chains.
+template <int NC, int NT>
+__device__ __forceinline__ float chain_sum(const float (&acc)[NC][NT][4], int nt, int e) {
+  if constexpr (NC == 1) return acc[0][nt][e];
+  else return acc[0][nt][e] + acc[1][nt][e];
+}
+
 // A page's logits of the warp's 16 keys (base 2: gamma = log2 e / sqrt(d)) per softmax slot
 // and row half, keys outside [first, end) masked to -inf, the warp maxima into
 // red_max[buf][head][warp]. Mixed mode applies one factor per column and page, g of the
@@ -106,8 +117,8 @@ __device__ __forceinline__ void publish_warp_max(float x, int sl, int buf, int w
 // kPublish = false (a page pair's first page, mixed mode): the logits only; the pair's
 // maxima are published by publish_pair_max.
 template <class K, bool kPublish = true>
-__device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], float kfac, float gamma, int first,
-                                            int end, int buf, int warp, const SlotMap<K>& map,
+__device__ __forceinline__ void page_logits(const float (&acc2)[K::kSChains][K::NT][4], float kfac, float gamma,
+                                            int first, int end, int buf, int warp, const SlotMap<K>& map,
                                             const SoftmaxState<K>& st, float* red_max, float (&sv)[K::NSL][2],
                                             float (&wm)[K::NSL]) {
   const float kg = __fmul_rn(kfac, gamma);
@@ -120,10 +131,10 @@ __device__ __forceinline__ void page_logits(const float (&acc2)[2][K::NT][4], fl
     for (int rr = 0; rr < 2; ++rr) {
       float x;
       if constexpr (K::T == 2) {
-        x = __fadd_rn(__fmul_rn(acc2[0][sl][2 * rr] + acc2[1][sl][2 * rr], f0),
-                      __fmul_rn(acc2[0][sl][2 * rr + 1] + acc2[1][sl][2 * rr + 1], st.gf1[sl]));
+        x = __fadd_rn(__fmul_rn(chain_sum(acc2, sl, 2 * rr), f0),
+                      __fmul_rn(chain_sum(acc2, sl, 2 * rr + 1), st.gf1[sl]));
       } else {
-        x = __fmul_rn(acc2[0][sl / 2][2 * rr + sl % 2] + acc2[1][sl / 2][2 * rr + sl % 2], f0);
+        x = __fmul_rn(chain_sum(acc2, sl / 2, 2 * rr + sl % 2), f0);
       }
       if constexpr (K::kPFp4) {
         x = __fmul_rn(__fmul_rn(x, kfac), gamma);
@@ -273,7 +284,7 @@ __device__ __forceinline__ void softmax_page(int buf, const float (&sv)[K::NSL][
     const float mt = tile_max(red_max, buf, h);
     float alpha;
     const float mz = raise_running_max(st.m[sl], mt, alpha);
-    float lsum = 0.0f;
+    float lsum = 0.0f;  // the first p replaces it (0 + p is p: no add to spend)
     int etile = 0;
     int pexp = 0;  // MXFP4 P: the block exponent (a block is the warp pair's 32 keys)
     alpha_s[sl] = alpha;
@@ -289,7 +300,7 @@ __device__ __forceinline__ void softmax_page(int buf, const float (&sv)[K::NSL][
     for (int rr = 0; rr < 2; ++rr) {
       // log2 c is 0 unless P is FP4: mixed mode skips the add.
       const float p = fast_exp2(K::kPFp4 ? __fadd_rn(__fsub_rn(sx[sl][rr], mz), rule.log2c()) : __fsub_rn(sx[sl][rr], mz));
-      lsum += p;
+      lsum = rr == 0 ? p : lsum + p;
       uint32_t bits;
       if constexpr (!K::kPFp4) {
         bits = F::kBf16Mma ? bf16_bits(p) : half_bits(p);
@@ -342,13 +353,13 @@ __device__ __forceinline__ void softmax_pair(const float (&sa)[K::NSL][2], const
     if (h >= map.G) continue;
     const float mz = raise_running_max(st.m[sl], tile_max(red_max, 0, h), alpha_s[sl]);
     const float alpha = alpha_s[sl];
-    float lsum = 0.0f;
+    float lsum = 0.0f;  // the first p replaces it (0 + p is p: no add to spend)
 #pragma unroll
     for (int pg = 0; pg < 2; ++pg)
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const float p = fast_exp2(__fsub_rn(sx[pg][sl][rr], mz));
-        lsum += p;
+        lsum = pg == 0 && rr == 0 ? p : lsum + p;
         const int key = 16 * warp + c_frag_row(lane, 2 * rr);
         ps[pg * kPsEntries + h * kPsStride + key] = uint16_t(half_bits(p));  // bulk pages: FP16 MMAs
       }

@@ -54,39 +54,56 @@ FP4KV_HD uint8_t nvfp4_prob_code(float p, float scale_value) {
 // every finite input >= 0 (tests/core: CPU; tests/attention/test_prob_quant.cu: every input
 // class on the GPU, where the division and the E4M3 rounding take the fast paths below).
 
-// e2m1_value(e2m1_encode(x)) for finite x >= 0. Below 1 the grid is 0, 0.5, 1: adding and
-// removing 1.5 * 2^22 rounds to a multiple of 0.5 (ties to even = the even code). From 1 on,
-// E2M1 is a float with one mantissa bit: round the bits to it (ties to even mantissa = the
-// even code), then saturate at 6.
+// e2m1_value(e2m1_encode(x)) for finite x >= 0: x saturated at 6, then rounded to the E2M1
+// grid by adding and removing 1.5 * 2^(22 + max(e, 0)), e the exponent of x. The sum's last
+// place is then the grid's step (0.5 below 2, 1 in [2, 4), 2 in [4, 6]), and its rounding to
+// nearest even picks the even code (a code and its value's multiple of the step have the
+// same parity). Six operations, no compare-and-select chain.
 FP4KV_HD float e2m1_round_value(float x) {
-  const float lo = sub_rn(add_rn(x, 6291456.0f), 6291456.0f);
-  const uint32_t u = float_bits(x);
-  const float hi = bits_float((u + 0x1FFFFFu + ((u >> 22) & 1u)) & 0xFFC00000u);
-  return x < 1.0f ? lo : (hi < 6.0f ? hi : 6.0f);
+  constexpr uint32_t kExponentField = 0x7F800000u, kOneBits = 0x3F800000u;
+  constexpr uint32_t kMagicOffset = (22u << 23) | 0x00400000u;  // times 2^22, mantissa 1.5
+  const float xs = x < 6.0f ? x : 6.0f;
+  const uint32_t e = float_bits(xs) & kExponentField;
+  const float magic = bits_float((e > kOneBits ? e : kOneBits) + kMagicOffset);
+  return sub_rn(add_rn(xs, magic), magic);
 }
 
-// a / b rounded to nearest even, for 0 <= a < 2^64 and b an E4M3 value > 0; a below 2^-100
-// gives 0 (callers compare the quotient with E2M1 or E4M3 rounding points >= 2^-10). On the
-// device: the fast path of IEEE division (reciprocal, one Newton step, quotient, one FMA
-// correction) without its range check and slow-path call, which these ranges never need.
-FP4KV_HD float div_rn_flush_tiny(float a, float b) {
-  constexpr float kTiny = 0x1p-100f;
+// a / b rounded to nearest even, for 2^-100 <= a < 2^64 and b an E4M3 value > 0; a below
+// 2^-100 gives some value below 2^-88, which every caller rounds to zero (E2M1 and E4M3
+// rounding points are >= 2^-10). On the device: the fast path of IEEE division (reciprocal,
+// one Newton step, quotient, one FMA correction) without its range check and slow-path
+// call, which these ranges never need.
+FP4KV_HD float div_rn_above_tiny(float a, float b) {
 #if defined(__CUDA_ARCH__)
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(b));
   r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
   const float q = __fmul_rn(a, r);
-  const float x = __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
-  return a < kTiny ? 0.0f : x;
+  return __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
 #else
-  return a < kTiny ? 0.0f : div_rn(a, b);
+  return div_rn(a, b);
+#endif
+}
+
+// a / 6 rounded to nearest even for 2^-110 <= a < 2^70 (smaller a give a value below
+// 2^-100): on the device the rounded reciprocal and one FMA correction, which is correctly
+// rounded over that whole range (every float of it checked on the host against IEEE
+// division, 2026-12-07).
+FP4KV_HD float div_rn_by_6(float a) {
+#if defined(__CUDA_ARCH__)
+  constexpr float kSixth = 1.0f / 6.0f;
+  const float q = __fmul_rn(a, kSixth);
+  return __fmaf_rn(__fmaf_rn(-6.0f, q, a), kSixth, q);
+#else
+  return div_rn(a, 6.0f);
 #endif
 }
 
 // e4m3_value(nvfp4_prob_scale(pmax, underflow_aware, tau)) for finite pmax >= 0; on the
 // device the E4M3 rounding is the hardware conversion (round to nearest even, saturating).
 FP4KV_HD float nvfp4_prob_scale_value(float pmax, bool underflow_aware, float tau) {
-  const float t = div_rn_flush_tiny(pmax, nvfp4_prob_kappa(pmax, underflow_aware, tau));
+  const bool kappa_is_2 = nvfp4_prob_kappa(pmax, underflow_aware, tau) == 2.0f;  // else 6
+  const float t = kappa_is_2 ? mul_rn(pmax, 0.5f) : div_rn_by_6(pmax);
 #if defined(__CUDA_ARCH__)
   const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(t, __NV_SATFINITE, __NV_E4M3);
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3)));
@@ -97,7 +114,7 @@ FP4KV_HD float nvfp4_prob_scale_value(float pmax, bool underflow_aware, float ta
 
 // e2m1_value(nvfp4_prob_code(p, s)) * s for finite p >= 0 and s = an E4M3 value >= 0.
 FP4KV_HD float nvfp4_prob_value(float p, float s) {
-  const float v = mul_rn(e2m1_round_value(div_rn_flush_tiny(p, s)), s);
+  const float v = mul_rn(e2m1_round_value(div_rn_above_tiny(p, s)), s);
   return s > 0.0f ? v : 0.0f;
 }
 

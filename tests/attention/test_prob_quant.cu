@@ -1,5 +1,5 @@
-// The decode kernel's branch-free P quantization (core/operand_quant.h: div_rn_flush_tiny,
-// e2m1_round_value, nvfp4_prob_scale_value, nvfp4_prob_value) against the code path of the
+// The decode kernel's branch-free P quantization (core/operand_quant.h: div_rn_above_tiny,
+// div_rn_by_6, e2m1_round_value, nvfp4_prob_scale_value, nvfp4_prob_value) against the code path of the
 // CPU reference (nvfp4_prob_scale, nvfp4_prob_code, e2m1_encode, e2m1_value, e4m3_value with
 // IEEE division), both run on the GPU, exhaustively: every float input of the range the
 // kernel can produce, against every E4M3 scale. The decode tests cannot see a difference
@@ -71,15 +71,34 @@ __global__ void e2m1_round_kernel(Mismatch* m) {
   }
 }
 
-// Every a in [2^-100, 2^64) over every positive E4M3 value b (codes 1..126).
+// Every a in [2^-100, 2^64) over every positive E4M3 value b (codes 1..126); below 2^-100
+// a quotient below 2^-88.
 __global__ void division_kernel(Mismatch* m) {
   const uint32_t code = blockIdx.y + 1;
   const float b = e4m3_value(uint8_t(code));
-  FOR_EACH_BITS(u, 0x0d800000u, 0x5f800000u) {
+  FOR_EACH_BITS(u, 0u, 0x5f800000u) {
     const float a = __uint_as_float(u);
-    const float got = div_rn_flush_tiny(a, b);
-    const float want = __fdiv_rn(a, b);
-    if (!same(got, want)) record(m, u, code, got, want);
+    const float got = div_rn_above_tiny(a, b);
+    if (u < 0x0d800000u) {
+      if (!(fabsf(got) < 0x1p-88f)) record(m, u, code, got, 0.0f);
+    } else {
+      const float want = __fdiv_rn(a, b);
+      if (!same(got, want)) record(m, u, code, got, want);
+    }
+  }
+}
+
+// Every a in [2^-110, 2^70) divided by 6; below 2^-110 a quotient below 2^-100.
+__global__ void division_by_6_kernel(Mismatch* m) {
+  FOR_EACH_BITS(u, 0u, 0x62800000u) {
+    const float a = __uint_as_float(u);
+    const float got = div_rn_by_6(a);
+    if (u < 0x08800000u) {
+      if (!(fabsf(got) < 0x1p-100f)) record(m, u, 6, got, 0.0f);
+    } else {
+      const float want = __fdiv_rn(a, 6.0f);
+      if (!same(got, want)) record(m, u, 6, got, want);
+    }
   }
 }
 
@@ -117,7 +136,12 @@ TEST(ProbQuantGpu, E2M1RoundValueEqualsEncodeThenValue) {
 
 TEST(ProbQuantGpu, FastDivisionIsCorrectlyRoundedByEveryE4M3Value) {
   SKIP_WITHOUT_GPU();
-  EXPECT_NO_MISMATCH(run(division_kernel, 126), "div_rn_flush_tiny");
+  EXPECT_NO_MISMATCH(run(division_kernel, 126), "div_rn_above_tiny");
+}
+
+TEST(ProbQuantGpu, DivisionBySixIsCorrectlyRounded) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_NO_MISMATCH(run(division_by_6_kernel, 1), "div_rn_by_6");
 }
 
 }  // namespace
