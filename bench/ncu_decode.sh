@@ -11,9 +11,9 @@ cuobjdump --dump-sass $B/fp4kv_attention_tests | awk '/Function :/ {p = ($3 ~ /d
 for p in ${PRESETS//,/ }; do
   timeout 120 ncu --clock-control none -k regex:decode_kernel --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
-    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__cycles_active.max,sm__cycles_active.avg,regex:smsp__inst_executed_pipe_.*\.sum" \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__cycles_active.max,sm__cycles_active.avg,regex:smsp__inst_executed_pipe_.*\.sum,regex:sm__inst_executed_pipe_[^.]*\.avg\.pct_of_peak_sustained_active$" \
     $B/fp4kv_bench bench decode --contexts $CTX --batches $BATCH --shapes $SHAPE --presets $p --runs 1 --rotate-gb 0 ${SMS:+--sms $SMS} \
     --json /tmp/n.json --markdown /tmp/n.md --svg /tmp/n.svg > "$OUT"/ncu_$p.txt 2>&1
   echo "== ncu $p rc=$?"
-  grep -E "stalled|Throughput|Warp Cycles|Achieved Occupancy|Duration|inst_executed.sum|cycles_elapsed|cycles_active|Registers|pipe_(alu|fma|fmaheavy|fp16|lsu|tensor|xu|uniform|adu|cbu).*sum " "$OUT"/ncu_$p.txt | awk '$NF+0 > 0.05 || !/stalled/' | head -45
+  grep -E "stalled|Throughput|Warp Cycles|Achieved Occupancy|Duration|inst_executed.sum|cycles_elapsed|cycles_active|Registers|pipe_(alu|fma|fmaheavy|fmalite|fp16|lsu|tensor|xu|uniform|adu|cbu).*(sum|pct_of_peak_sustained_active) " "$OUT"/ncu_$p.txt | awk '($NF+0 > 0.05 || !/stalled/) && !/n\/a/' | head -60
 done
