@@ -85,6 +85,14 @@ FP4KV_HD constexpr int scale_row_offset(int rg, int lane, int blocks) { return (
 FP4KV_HD constexpr int qfrag_half_index(int col, int c, int nt_count) {
   return ((((c / 16) * nt_count + col / 8) * 32 + (col % 8) * 4 + (c % 8) / 2) * 2 + (c % 16) / 8) * 2 + c % 2;
 }
+// The column of query term t (of T) of head h among NT column tiles. One term: column h. Two
+// terms in one tile (G <= 4): columns 2h and 2h + 1, a thread's C fragment pair, so the
+// thread joins them. Two terms in NT >= 2 tiles: term t takes tiles t NT / 2 .. (t + 1) NT /
+// 2 - 1, head h column h of them, so a thread holds both terms of its heads in matching
+// columns of two tiles: the heads of its P.V slots (no exchange between lanes).
+FP4KV_HD constexpr int query_column(int h, int t, int T, int NT) {
+  return T == 1 ? h : NT == 1 ? 2 * h + t : t * 4 * NT + h;
+}
 // P^T (B of O^T = V^T P^T, k = key, n = head) lives as [head][key] halves with row stride
 // kPsStride; 32-bit word of register `reg` of lane `lane` for n-tile j and k-step ks.
 inline constexpr int kPsStride = kPageTokens + 8;

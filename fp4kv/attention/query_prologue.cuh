@@ -140,7 +140,8 @@ __device__ void quantize_query(NvFp4Page, const KernelArgs& a, float* qf, uint16
       const uint8_t s = nvfp4_quantize_block(x, 1, g, false, codes);
       const float sv = e4m3_value(s);
       for (int i = 0; i < kNvfp4Block; ++i)
-        put_q<NT>(qfrag, h * T + t, blk * kNvfp4Block + i, half_bits(__fmul_rn(e2m1_value(codes[i]), sv)));
+        put_q<NT>(qfrag, query_column(h, t, T, NT), blk * kNvfp4Block + i,
+                  half_bits(__fmul_rn(e2m1_value(codes[i]), sv)));
       if (t + 1 < T) nvfp4_block_residual(x, codes, s, g, x);
       if (blk == 0) gfac[t * kMaxG + h] = g;
     }
@@ -183,7 +184,8 @@ __device__ void quantize_query(MxFp4Page, const KernelArgs& a, float* qf, uint16
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
           const uint8_t c = mxfp4_element_code(xv[j], inv);
-          put_q<NT>(qfrag, h * T + t, blk * kMxfp4Block + i0 + j, half_bits(__fmul_rn(e2m1_value(c), unit)));
+          put_q<NT>(qfrag, query_column(h, t, T, NT), blk * kMxfp4Block + i0 + j,
+                    half_bits(__fmul_rn(e2m1_value(c), unit)));
           if (t + 1 < T) x[i0 + j] = sub_rn(xv[j], mul_rn(e2m1_value(c), sc));
         }
       }
@@ -280,7 +282,7 @@ __device__ void quantize_query_by_warp(const KernelArgs& a, const float* qf, uin
     Q::load(qf, h, lane, x);
 #pragma unroll
     for (int t = 0; t < T; ++t) {
-      const float f = quantize_term_by_warp<D, NT>(F{}, x, lane, h * T + t, t + 1 < T, qfrag);
+      const float f = quantize_term_by_warp<D, NT>(F{}, x, lane, query_column(h, t, T, NT), t + 1 < T, qfrag);
       if (lane == 0) gfac[t * kMaxG + h] = f;
     }
   }

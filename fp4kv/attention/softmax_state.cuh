@@ -4,9 +4,10 @@
 // rescale of the O accumulators.
 //
 // Slots. The S^T C fragment gives a thread 2 keys x 2 columns per column tile. Softmax
-// slots (NSL per thread): T == 2 (dual-residual query, columns 2h and 2h + 1 are the two
-// terms of head h): head 4 nt + lane % 4; T == 1: head 8 nt + 2 (lane % 4) + e. P.V slots
-// (NSLP): head 8 ntp + 2 (lane % 4) + e of the O^T C fragment.
+// slots (NSL per thread): T == 2 in one tile (dual-residual query at G <= 4, columns 2h and
+// 2h + 1 the two terms of head h): head lane % 4; otherwise (one term, or the two terms in
+// tiles t NT / 2 + .., fragment.h query_column) head 8 (sl / 2) + 2 (lane % 4) + sl % 2, the
+// heads of the P.V slots (NSLP): head 8 ntp + 2 (lane % 4) + e of the O^T C fragment.
 #pragma once
 
 #include "fp4kv/attention/device_common.cuh"
@@ -27,6 +28,9 @@ struct SplitConfig {
   static constexpr int kD = D;
   static constexpr int NT = NT_;
   static constexpr int T = query_terms(OM);
+  // Two query terms in one column tile (G <= 4): a thread's softmax slot is one head, whose
+  // P.V slot lives in another lane of its quad (pv_slot_factors exchanges the factors).
+  static constexpr bool kTermsShareTile = T == 2 && NT == 1;
   static constexpr bool kPFp4 = OM != kOm16;  // P quantized to FP4 (else FP16, BF16 on BF16 pages)
   using Plan = SmemPlan<F, D, T, NT>;
   static constexpr int NSL = T == 2 ? NT : 2 * NT;  // softmax slots (heads) per thread
@@ -59,9 +63,9 @@ struct SlotMap {
   int lane, G;
   bool quad_split;  // K::kQuadSplitType and G <= 4
 
-  // T == 2: the column pair (2h, 2h + 1) of the thread's C fragment in column tile sl.
+  // Two terms in one tile: the column pair (2h, 2h + 1) of the thread's C fragment.
   __device__ __forceinline__ int sm_head(int sl) const {
-    return K::T == 2 ? 4 * sl + c_frag_col(lane, 0) / 2 : 8 * (sl / 2) + c_frag_col(lane, sl % 2);
+    return K::kTermsShareTile ? c_frag_col(lane, 0) / 2 : 8 * (sl / 2) + c_frag_col(lane, sl % 2);
   }
   __device__ __forceinline__ int pv_head(int sp) const { return 8 * (sp / 2) + c_frag_col(lane, sp % 2); }
   // The head whose running max and sum a softmax slot holds.
@@ -130,9 +134,13 @@ __device__ __forceinline__ void page_logits(const float (&acc2)[K::kSChains][K::
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       float x;
-      if constexpr (K::T == 2) {
+      if constexpr (K::kTermsShareTile) {
         x = __fadd_rn(__fmul_rn(chain_sum(acc2, sl, 2 * rr), f0),
                       __fmul_rn(chain_sum(acc2, sl, 2 * rr + 1), st.gf1[sl]));
+      } else if constexpr (K::T == 2) {  // term 2 in the tile NT / 2 after term 1's
+        const int nt = sl / 2, e = 2 * rr + sl % 2;
+        x = __fadd_rn(__fmul_rn(chain_sum(acc2, nt, e), f0),
+                      __fmul_rn(chain_sum(acc2, nt + K::NT / 2, e), st.gf1[sl]));
       } else {
         x = __fmul_rn(chain_sum(acc2, sl / 2, 2 * rr + sl % 2), f0);
       }
@@ -207,13 +215,13 @@ __device__ __forceinline__ float raise_running_max(float& m, float mt, float& al
   return mz;
 }
 
-// T == 1: the P.V slots' rescale from the softmax slots' (the same heads; with the quad
-// split, head 2q + 1's rescale lives in lane q + 2, and lanes q + 2 get lane q's: their
-// columns are padding heads, whose P is zero).
+// The P.V slots' rescale from the softmax slots' where they hold the same heads (one query
+// term, or two in separate tiles); with the quad split, head 2q + 1's rescale lives in lane
+// q + 2, and lanes q + 2 get lane q's: their columns are padding heads, whose P is zero.
 template <class K>
 __device__ __forceinline__ void pv_slot_alphas(const float (&alpha_s)[K::NSL], const SlotMap<K>& map,
                                                float (&alpha_p)[K::NSLP]) {
-  static_assert(K::T == 1 && K::NSL == K::NSLP, "T == 1: softmax and P.V slots coincide");
+  static_assert(!K::kTermsShareTile && K::NSL == K::NSLP, "softmax and P.V slots hold the same heads");
 #pragma unroll
   for (int sp = 0; sp < K::NSLP; ++sp) alpha_p[sp] = alpha_s[sp];
   if constexpr (K::kQuadSplitType) {
@@ -221,15 +229,15 @@ __device__ __forceinline__ void pv_slot_alphas(const float (&alpha_s)[K::NSL], c
   }
 }
 
-// The P.V slots' rescale and page factors from the softmax slots'. T == 1: the same heads
-// (pv_slot_alphas). T == 2: the head of a P.V slot is a softmax slot of a lane of this quad
-// (head 4 sl + lane % 4): its factors come by shuffles, not a second tile maximum; padding
-// heads (>= G) take head G - 1's (finite, multiply zeros).
+// The P.V slots' rescale and page factors from the softmax slots'. The same heads
+// (pv_slot_alphas) unless two query terms share a tile; then the head of a P.V slot is the
+// softmax slot of a lane of this quad (head lane % 4): its factors come by shuffles, not a
+// second tile maximum; padding heads (>= G) take head G - 1's (finite, multiply zeros).
 template <class K>
 __device__ __forceinline__ void pv_slot_factors(const float (&alpha_s)[K::NSL], const float (&fac_s)[K::NSL],
                                                 float vfac, const SlotMap<K>& map, float (&alpha_p)[K::NSLP],
                                                 float (&fac_p)[K::NSLP]) {
-  if constexpr (K::T == 1) {
+  if constexpr (!K::kTermsShareTile) {
     pv_slot_alphas<K>(alpha_s, map, alpha_p);
 #pragma unroll
     for (int sp = 0; sp < K::NSLP; ++sp) fac_p[sp] = fac_s[sp];

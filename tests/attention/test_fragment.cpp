@@ -180,6 +180,37 @@ TEST(Fragment, QueryOperandIsTheBFragment) {
     }
 }
 
+// Query columns: every (head, term) of a tile set gets its own column; two terms in one tile
+// sit in one thread's C fragment pair (2h, 2h + 1); two terms in NT >= 2 tiles sit in the
+// same fragment column of tiles nt and nt + NT / 2, the column of the head's P.V slot.
+TEST(Fragment, QueryColumnsPutAHeadsTermsWhereItsThreadJoinsThem) {
+  for (int T : {1, 2})
+    for (int NT : {1, 2, 4}) {
+      const int heads = 8 * NT / T;
+      std::set<int> seen;
+      for (int h = 0; h < heads; ++h)
+        for (int t = 0; t < T; ++t) {
+          const int col = query_column(h, t, T, NT);
+          ASSERT_GE(col, 0);
+          ASSERT_LT(col, 8 * NT);
+          seen.insert(col);
+        }
+      ASSERT_EQ(int(seen.size()), heads * T);
+      if (T == 1) continue;
+      for (int h = 0; h < heads; ++h) {
+        const int c1 = query_column(h, 0, T, NT), c2 = query_column(h, 1, T, NT);
+        if (NT == 1) {
+          EXPECT_EQ(c1, 2 * h);
+          EXPECT_EQ(c2, c1 + 1);
+        } else {
+          EXPECT_EQ(c1 % 8, h % 8);  // c_frag_col of the P.V slot's head
+          EXPECT_EQ(c1 / 8, h / 8);
+          EXPECT_EQ(c2, c1 + 8 * (NT / 2));
+        }
+      }
+    }
+}
+
 TEST(Fragment, ProbabilityOperandIsTheBFragment) {
   for (int j = 0; j < 2; ++j)
     for (int ks = 0; ks < 8; ++ks)
