@@ -30,6 +30,12 @@ Fn driver_entry(const char* name, unsigned version) {
   return reinterpret_cast<Fn>(fn);
 }
 
+// The current device and its SM count; false where CUDA cannot say.
+bool current_device_sm_count(int& dev, int& sms) {
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess;
+}
+
 void driver_ok(CUresult r, const char* what) {
   require(r == CUDA_SUCCESS,
           std::string("confine_to_sms: ") + what + " failed (CUresult " + std::to_string(int(r)) + ")");
@@ -40,9 +46,7 @@ void driver_ok(CUresult r, const char* what) {
 int confine_to_sms(int sms) {
   require(g_confined_sms == 0, "confine_to_sms: this process is already confined");
   int dev = 0, total = 0;
-  require(cudaGetDevice(&dev) == cudaSuccess, "confine_to_sms: no CUDA device");
-  require(cudaDeviceGetAttribute(&total, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess,
-          "confine_to_sms: cannot read the SM count");
+  require(current_device_sm_count(dev, total), "confine_to_sms: no CUDA device, or its SM count cannot be read");
   require(sms >= 1 && sms <= total, "confine_to_sms: " + std::to_string(sms) + " SMs asked, the device has " +
                                         std::to_string(total));
   const auto device_get = driver_entry<PFN_cuDeviceGet_v2000>("cuDeviceGet", kDeviceCudaVersion);
@@ -81,9 +85,7 @@ int confine_to_sms(int sms) {
 int usable_sms() {
   if (g_confined_sms > 0) return g_confined_sms;
   int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-  return sms;
+  return current_device_sm_count(dev, sms) ? sms : 0;
 }
 
 }  // namespace fp4kv::testing
