@@ -5,6 +5,7 @@
 // in --prefill-chunk chunks of the tensor-core prefill.
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 
@@ -16,8 +17,8 @@
 #include "fp4kv/eval/limits.h"
 #include "fp4kv/eval/model_attention.h"
 #include "fp4kv/eval/recipe_setup.h"
-#include "fp4kv/model/byte_tokenizer.h"
 #include "fp4kv/model/qwen3.h"
+#include "fp4kv/model/tokenizer.h"
 #include "tools/commands.h"
 #include "tools/device_choice.h"
 #include "tools/gemm_plans_arg.h"
@@ -56,10 +57,19 @@ std::string read_prompt(const GenerateArgs& a) {
   return a.prompt;
 }
 
-void print_token(int token) {
-  const std::string piece = model::decode_bytes({token});
-  std::fwrite(piece.data(), 1, piece.size(), stdout);
-  std::fflush(stdout);
+// The checkpoint's tokenizer; byte tokens for NAME:random, whose text is noise either way.
+model::Tokenizer tokenizer_of(const std::string& model_spec) {
+  if (model_spec.find(":random") != std::string::npos) return model::Tokenizer::bytes();
+  return model::Tokenizer::for_model(model_spec, model::Qwen3Config::load_dir(model_spec));
+}
+
+// Each token's bytes as drawn: a character split over tokens is whole once its last byte is out.
+std::function<void(int)> token_printer(const model::Tokenizer& tokenizer) {
+  return [&tokenizer](int token) {
+    const std::string piece = tokenizer.decode({token});
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  };
 }
 
 void print_stats(const char* device, const Recipe& recipe, const engine::GenerateStats& s) {
@@ -70,21 +80,22 @@ void print_stats(const char* device, const Recipe& recipe, const engine::Generat
                s.stopped_at_eos ? " (EOS)" : "", 1e3 * s.seconds_per_token(), s.tokens_per_second());
 }
 
-int generate_on_cpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>& prompt) {
+int generate_on_cpu(const GenerateArgs& a, Recipe recipe, const model::Tokenizer& tokenizer,
+                    const std::vector<int>& prompt) {
   require(a.model.find(":random") == std::string::npos,
           "--model " + a.model + ": random-weight models run on the GPU only (--device cuda)");
   const model::Qwen3Model m = model::Qwen3Model::load(a.model);
-  model::require_byte_tokenizer(m.config(), a.model);
   const std::unique_ptr<eval::Calibration> cal = eval::calibration_for_recipe(&recipe, a.model, a.calibration, m);
   const model::AttentionFn attend = eval::recipe_attention(m.config(), recipe, cal.get());
   const engine::GenerateStats s = eval::with_memory_guard(
-      "generating", [&] { return engine::generate_on_cpu(m, attend, prompt, a.options, print_token); });
+      "generating", [&] { return engine::generate_on_cpu(m, attend, prompt, a.options, token_printer(tokenizer)); });
   print_stats("cpu", recipe, s);
   return 0;
 }
 
 #ifdef FP4KV_HAVE_CUDA
-int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>& prompt) {
+int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const model::Tokenizer& tokenizer,
+                    const std::vector<int>& prompt) {
   model::Qwen3Config config;
   require(model_config_of(a.model, &config), "--model: '" + a.model + "' is neither a checkpoint directory nor NAME:random");
   std::string shape;
@@ -94,7 +105,6 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
     std::fprintf(stderr, "[fp4kv generate] %s: random weights (speed only: the text is noise), keys not smoothed\n",
                  a.model.c_str());
   } else {
-    model::require_byte_tokenizer(config, a.model);
     cal = eval::calibration_for_recipe(&recipe, a.model, a.calibration, config, {});
   }
   engine::check_generate_options(config, prompt, a.options);
@@ -107,7 +117,7 @@ int generate_on_gpu(const GenerateArgs& a, Recipe recipe, const std::vector<int>
   spec.options.prefill_chunk = engine::prefill_chunk_for(config, a.prefill_chunk);  // the tensor-core prefill
   spec.options.gemm_plans = gemm_plans_of(a.gemm_plans);
   const engine::LoadedStepModel gpu = engine::load_step_model(spec, a.tensor_parallel);
-  const engine::GenerateStats s = engine::generate_on_gpu(*gpu.model, prompt, a.options, print_token);
+  const engine::GenerateStats s = engine::generate_on_gpu(*gpu.model, prompt, a.options, token_printer(tokenizer));
   const std::string device =
       a.tensor_parallel > 1 ? "cuda (" + std::to_string(a.tensor_parallel) + " GPUs, tensor parallel)" : "cuda";
   print_stats(device.c_str(), recipe, s);
@@ -123,12 +133,13 @@ int run_generate(const GenerateArgs& a) {
   const Recipe recipe = parse_recipe(a.kv);
   const std::string text = read_prompt(a);
   require(!text.empty(), "the prompt is empty");
-  const std::vector<int> prompt = model::encode_bytes(text);
+  const model::Tokenizer tokenizer = tokenizer_of(a.model);
+  const std::vector<int> prompt = tokenizer.encode(text);
 #ifdef FP4KV_HAVE_CUDA
-  if (gpu) return generate_on_gpu(a, recipe, prompt);
+  if (gpu) return generate_on_gpu(a, recipe, tokenizer, prompt);
 #endif
   (void)gpu;
-  return generate_on_cpu(a, recipe, prompt);
+  return generate_on_cpu(a, recipe, tokenizer, prompt);
 }
 
 }  // namespace
@@ -136,7 +147,7 @@ int run_generate(const GenerateArgs& a) {
 Action add_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* sub = app.add_subcommand("generate", "Generate text from a prompt over an FP4 (or other) KV cache");
-  sub->add_option("--model", a->model, "Hugging Face Qwen3 checkpoint directory (byte tokenizer), or NAME:random on the GPU (speed only)")->capture_default_str();
+  sub->add_option("--model", a->model, "Hugging Face Qwen3 checkpoint directory (byte tokens, or its tokenizer.json), or NAME:random on the GPU (speed only)")->capture_default_str();
   sub->add_option("--kv", a->kv, "KV-cache recipe: PRESET[:switch,...]")->capture_default_str();
   CLI::Option* prompt = sub->add_option("--prompt", a->prompt, "prompt text");
   sub->add_option("--prompt-file", a->prompt_file, "file holding the prompt");

@@ -33,13 +33,16 @@ inline std::string decode_bytes(const std::vector<int>& ids) {
 }
 
 // Checkpoints this tokenizer serves: BOS 256, EOS 257 and a vocabulary of a few unused ids
-// past them (pk8l: 264); a real subword vocabulary has no tokenizer in this build.
+// past them (pk8l: 264); subword vocabularies use tokenizer.h's BPE.
 inline constexpr int kMaxByteVocabulary = 512;
+inline bool uses_byte_tokenizer(const Qwen3Config& c) {
+  return c.bos_token_id == kByteBos && c.is_eos(kByteEos) && c.vocab_size <= kMaxByteVocabulary;
+}
 inline void require_byte_tokenizer(const Qwen3Config& c, const std::string& dir) {
-  require(c.bos_token_id == kByteBos && c.is_eos(kByteEos) && c.vocab_size <= kMaxByteVocabulary,
+  require(uses_byte_tokenizer(c),
           "--model: '" + dir + "' does not use the byte tokenizer (bos " + std::to_string(c.bos_token_id) +
               ", vocabulary " + std::to_string(c.vocab_size) +
-              "); only byte-level checkpoints like pk8l have a tokenizer in this build");
+              "); this needs a byte-level checkpoint like pk8l");
 }
 
 }  // namespace fp4kv::model

@@ -4,7 +4,6 @@
 
 #include "fp4kv/engine/gpu_backend.h"
 #include "fp4kv/eval/recipe_setup.h"
-#include "fp4kv/model/byte_tokenizer.h"
 #include "fp4kv/model/tensor_parallel.h"
 #include "fp4kv/serve/serving.h"
 
@@ -14,7 +13,6 @@ GpuServing load_gpu_serving(const GpuServeSetup& setup) {
   GpuServing s;
   s.recipe = check_serving_setup(setup.kv, setup.max_batch, setup.prefill_chunk);
   const model::Qwen3Config c = model::Qwen3Config::load_dir(setup.model_dir);
-  model::require_byte_tokenizer(c, setup.model_dir);
   const int ranks = setup.tensor_parallel;
   const model::Qwen3Config rank_shape = model::rank_attention_config(c, ranks);  // one GPU's heads and cache
   engine::check_gpu_recipe(rank_shape, s.recipe);
@@ -25,7 +23,7 @@ GpuServing load_gpu_serving(const GpuServeSetup& setup) {
                           ? setup.kv_budget_bytes
                           : std::max(0LL, engine::gpu_kv_budget(setup.gpu_memory_utilization) - weights_bytes);
   s.capacity = serving_capacity(s.recipe, rank_shape, s.kv_budget_bytes, setup.max_batch);
-  s.codec = byte_codec();
+  s.codec = text_codec(model::Tokenizer::for_model(setup.model_dir, c));
   s.limits = model_limits(setup.model_dir, c);
   engine::TensorParallelSpec spec;
   spec.model = setup.model_dir;

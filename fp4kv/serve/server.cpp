@@ -266,8 +266,8 @@ void HttpServer::routes() {
   });
   http_->Post("/v1/chat/completions", [this](const Request&, Response& res) {
     send_error(res, kHttpBadRequest,
-               "model '" + model_.model_name + "' has no chat template (a byte-level checkpoint); use POST "
-               "/v1/completions with a prompt",
+               "chat completions are not served (no chat template is applied); use POST /v1/completions with "
+               "a prompt",
                "invalid_request_error", "no_chat_template");
   });
   http_->Post("/v1/completions", [this](const Request& req, Response& res) { completions(req, res); });

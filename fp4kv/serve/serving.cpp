@@ -5,12 +5,12 @@
 #include <filesystem>
 
 #include "fp4kv/core/error.h"
-#include "fp4kv/model/byte_tokenizer.h"
 
 namespace fp4kv::serve {
 
-engine::TextCodec byte_codec() {
-  return engine::TextCodec{[](std::string_view t) { return model::encode_bytes(t); }, model::decode_bytes};
+engine::TextCodec text_codec(const model::Tokenizer& tokenizer) {
+  return engine::TextCodec{[tokenizer](std::string_view t) { return tokenizer.encode(t); },
+                           [tokenizer](const std::vector<int>& ids) { return tokenizer.decode(ids); }};
 }
 
 ModelLimits model_limits(const std::string& model_dir, const model::Qwen3Config& c) {

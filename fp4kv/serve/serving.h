@@ -1,5 +1,5 @@
-// The parts every serving setup shares, whichever engine runs the model: the byte-level text
-// codec, the limits the API checks requests against, and the scheduler configuration for a
+// The parts every serving setup shares, whichever engine runs the model: the text codec of
+// the checkpoint's tokenizer, the limits the API checks requests against, and the scheduler configuration for a
 // batch size and a block pool.
 #pragma once
 
@@ -9,12 +9,13 @@
 #include "fp4kv/engine/block_allocator.h"
 #include "fp4kv/engine/engine.h"
 #include "fp4kv/model/qwen3_config.h"
+#include "fp4kv/model/tokenizer.h"
 #include "fp4kv/serve/openai_api.h"
 
 namespace fp4kv::serve {
 
-// model/byte_tokenizer.h's encode_bytes/decode_bytes.
-engine::TextCodec byte_codec();
+// The tokenizer's encode and decode (model/tokenizer.h: bytes for pk8l, else tokenizer.json).
+engine::TextCodec text_codec(const model::Tokenizer& tokenizer);
 // The model id is the directory's name; the context is max_position_embeddings (unbounded
 // when the config has none).
 ModelLimits model_limits(const std::string& model_dir, const model::Qwen3Config& config);

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 #include "fp4kv/engine/cpu_generator.h"
 #include "fp4kv/eval/model_attention.h"
 #include "fp4kv/model/byte_tokenizer.h"
+#include "tests/model/fixtures.h"
 #include "fp4kv/serve/cpu_engine.h"
 #include "fp4kv/serve/load_client.h"
 #include "fp4kv/serve/server.h"
@@ -48,7 +50,8 @@ CpuServeSetup pk8l_setup() {
 // A server on a background thread; stopped and joined on destruction.
 class RunningServer {
  public:
-  explicit RunningServer(const std::string& api_key = "") : serving_(load_cpu_serving(pk8l_setup())) {
+  explicit RunningServer(const std::string& api_key = "", const CpuServeSetup& setup = pk8l_setup())
+      : serving_(load_cpu_serving(setup)) {
     ServerConfig c;
     c.host = "127.0.0.1";
     c.port = 0;
@@ -78,6 +81,8 @@ class RunningServer {
   std::thread thread_;
 };
 
+// The completion text of `prompt` generated alone on the serving's model and tokenizer (invalid
+// UTF-8 replaced, as the API does).
 std::string alone(CpuServing& s, const std::string& prompt, int max_tokens, float temperature, uint64_t seed) {
   engine::GenerateOptions o;
   o.max_tokens = max_tokens;
@@ -86,8 +91,8 @@ std::string alone(CpuServing& s, const std::string& prompt, int max_tokens, floa
   o.sampling.request_id = kSeededRequestId;
   std::vector<int> out;
   engine::generate_on_cpu(*s.model, eval::recipe_attention(s.model->config(), s.recipe, s.calibration.get()),
-                          model::encode_bytes(prompt), o, [&out](int t) { out.push_back(t); });
-  return model::decode_bytes(out);
+                          s.codec.encode(prompt), o, [&out](int t) { out.push_back(t); });
+  return sanitize_utf8(s.codec.decode(out));
 }
 
 json request(const std::string& prompt, int max_tokens, float temperature = 0, uint64_t seed = 0) {
@@ -159,6 +164,30 @@ TEST(Server, CompletionEqualsGenerationAlone) {
   auto health = c.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+}
+
+// A checkpoint with a subword vocabulary is served through the tokenizer.json beside it (random
+// weights of small_config's shape, sized to the BPE test tokenizer): the prompt counts its BPE
+// tokens, and the completion is the tokens the engine draws alone, decoded by that tokenizer.
+TEST(Server, ASubwordCheckpointIsServedThroughItsTokenizer) {
+  const std::string data = std::string(FP4KV_SOURCE_DIR) + "/tests/model/data/";
+  const json cases = json::parse(std::ifstream(data + "tiny_bpe_cases.json"));
+  const json tokenizer = json::parse(std::ifstream(data + "tiny_bpe_tokenizer.json"));
+  ASSERT_EQ(cases["encode"][1]["text"], "Hello, world!");
+  model::testing::TempDir dir;
+  json config = model::testing::small_config();
+  config["vocab_size"] = int(tokenizer["model"]["vocab"].size() + tokenizer["added_tokens"].size());
+  model::testing::write_checkpoint(dir.str(), config, model::testing::qwen3_tensors(config));
+  std::ofstream(dir.str() + "/tokenizer.json") << tokenizer.dump();
+  CpuServeSetup setup;
+  setup.model_dir = dir.str();
+  setup.kv = "bf16";
+  setup.max_batch = 2;
+  RunningServer s("", setup);
+  httplib::Client c = s.client();
+  const json r = post_json(c, request("Hello, world!", 6));
+  EXPECT_EQ(r["usage"]["prompt_tokens"].get<int>(), int(cases["encode"][1]["ids"].size()));
+  EXPECT_EQ(r["choices"][0]["text"], alone(s.serving(), "Hello, world!", 6, 0, 0));
 }
 
 TEST(Server, StreamConcatenatesToTheWholeText) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include "../model/fixtures.h"
 #include "cli.h"
 
 namespace fp4kv::test {
@@ -73,6 +74,30 @@ TEST(CliGenerate, BadInputsGetClearErrors) {
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
   }
+}
+
+// A checkpoint with a subword vocabulary generates through the tokenizer.json beside it (here
+// random weights of small_config's shape sized to the BPE test tokenizer): the prompt is its
+// BPE tokens, not its bytes; without tokenizer.json the error names the file.
+TEST(CliGenerate, ASubwordCheckpointUsesItsTokenizerJson) {
+  const std::string data = std::string(FP4KV_SOURCE_DIR) + "/tests/model/data/";
+  const nlohmann::json cases = nlohmann::json::parse(std::ifstream(data + "tiny_bpe_cases.json"));
+  const nlohmann::json tokenizer = nlohmann::json::parse(std::ifstream(data + "tiny_bpe_tokenizer.json"));
+  const nlohmann::json& hello = cases["encode"][1];
+  ASSERT_EQ(hello["text"], "Hello, world!");
+  model::testing::TempDir dir;
+  nlohmann::json config = model::testing::small_config();
+  config["vocab_size"] = int(tokenizer["model"]["vocab"].size() + tokenizer["added_tokens"].size());
+  model::testing::write_checkpoint(dir.str(), config, model::testing::qwen3_tensors(config));
+  const std::string args = "generate --model " + dir.str() + " --prompt 'Hello, world!' --max-tokens 3 --device cpu --kv bf16";
+  const CliResult missing = run_cli(args);
+  EXPECT_EQ(missing.code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("tokenizer.json"), std::string::npos) << missing.output;
+  std::ofstream(dir.str() + "/tokenizer.json") << tokenizer.dump();
+  const CliResult r = run_cli_in_shell(cli_path() + " " + args + " 2>&1 >/dev/null");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string prompt = "prompt " + std::to_string(hello["ids"].size()) + " tokens";
+  EXPECT_NE(r.output.find(prompt), std::string::npos) << prompt << " missing in: " << r.output;
 }
 
 // --device cuda runs the GPU engine where a device is visible and is a clear error elsewhere

@@ -1,0 +1,33 @@
+// The tokenizer of a checkpoint: byte tokens for byte-level checkpoints like pk8l
+// (byte_tokenizer.h, BOS first), else the byte-level BPE of the tokenizer.json beside the
+// weights (bpe_tokenizer.h: the Qwen2 family, no BOS, as its post-processor adds none).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fp4kv/model/bpe_tokenizer.h"
+#include "fp4kv/model/qwen3_config.h"
+
+namespace fp4kv::model {
+
+class Tokenizer {
+ public:
+  // Byte tokens when the config is byte-level, else `dir`/tokenizer.json; throws Error naming
+  // `dir` when neither applies, or a tokenizer.json whose vocabulary does not fit the model.
+  static Tokenizer for_model(const std::string& dir, const Qwen3Config& config);
+  static Tokenizer bytes() { return Tokenizer(nullptr); }
+
+  std::vector<int> encode(std::string_view text) const;
+  std::string decode(const std::vector<int>& ids) const;  // bytes; may end inside a character
+  bool is_bytes() const { return bpe_ == nullptr; }
+
+ private:
+  explicit Tokenizer(std::shared_ptr<const BpeTokenizer> bpe) : bpe_(std::move(bpe)) {}
+  std::shared_ptr<const BpeTokenizer> bpe_;  // null: byte tokens
+};
+
+}  // namespace fp4kv::model
