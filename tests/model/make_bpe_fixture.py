@@ -56,16 +56,21 @@ def train(text):
         best = max(sorted(pairs), key=lambda p: pairs[p])
         merges.append(best)
         for w in counts:
-            s, out, k = split[w], [], 0
-            while k < len(s):
-                if k + 1 < len(s) and (s[k], s[k + 1]) == best:
-                    out.append(s[k] + s[k + 1])
-                    k += 2
-                else:
-                    out.append(s[k])
-                    k += 1
-            split[w] = out
+            split[w] = merge_pair(split[w], best)
     return merges
+
+
+def merge_pair(sym, pair):
+    """Every occurrence of the adjacent pair in sym merged, left to right."""
+    out, k = [], 0
+    while k < len(sym):
+        if k + 1 < len(sym) and (sym[k], sym[k + 1]) == pair:
+            out.append(sym[k] + sym[k + 1])
+            k += 2
+        else:
+            out.append(sym[k])
+            k += 1
+    return out
 
 
 def bpe(word, ranks):
@@ -76,15 +81,7 @@ def bpe(word, ranks):
         if rank == 1 << 30:
             break
         pair = next((a, b) for (a, b) in zip(sym, sym[1:]) if ranks.get((a, b)) == rank)
-        out, k = [], 0
-        while k < len(sym):
-            if k + 1 < len(sym) and (sym[k], sym[k + 1]) == pair:
-                out.append(sym[k] + sym[k + 1])
-                k += 2
-            else:
-                out.append(sym[k])
-                k += 1
-        sym = out
+        sym = merge_pair(sym, pair)
     return sym
 
 
