@@ -92,7 +92,8 @@ T field_or(const json& j, const char* key, T fallback) {
 std::string type_of(const json& j) { return j.is_object() ? field_or<std::string>(j, "type", "") : ""; }
 
 void check_pre_tokenizer(const json& pre, const std::string& what) {
-  const std::string why = what + ": pre_tokenizer must be Qwen2's (Split on its regex, then ByteLevel without a prefix space)";
+  const std::string why =
+      what + ": pre_tokenizer must be Qwen2's (Split on its regex, then ByteLevel without a prefix space)";
   require(type_of(pre) == "Sequence" && pre.contains("pretokenizers") && pre["pretokenizers"].size() == 2, why);
   const json& split = pre["pretokenizers"][0];
   const json& level = pre["pretokenizers"][1];
@@ -110,8 +111,8 @@ void check_model(const json& m, const std::string& what) {
   require(m.contains("vocab") && m["vocab"].is_object() && m.contains("merges") && m["merges"].is_array(),
           what + ": model needs a vocab object and a merges list");
   require(field_or<std::string>(m, "continuing_subword_prefix", "").empty() &&
-              field_or<std::string>(m, "end_of_word_suffix", "").empty() && !field_or<bool>(m, "byte_fallback", false) &&
-              m.value("dropout", json()).is_null(),
+              field_or<std::string>(m, "end_of_word_suffix", "").empty() &&
+              !field_or<bool>(m, "byte_fallback", false) && m.value("dropout", json()).is_null(),
           what + ": BPE with a subword prefix, word suffix, byte fallback or dropout is not supported");
 }
 
@@ -158,7 +159,8 @@ BpeTokenizer BpeTokenizer::parse(const std::string& json_text, const std::string
 
   int size = 0;
   for (const auto& [token, id] : m["vocab"].items()) {
-    require(id.is_number_integer() && id.get<int>() >= 0, what + ": vocab id of '" + token + "' is not a non-negative integer");
+    require(id.is_number_integer() && id.get<int>() >= 0,
+            what + ": vocab id of '" + token + "' is not a non-negative integer");
     t.vocab_.emplace(token, id.get<int>());
     size = std::max(size, id.get<int>() + 1);
   }

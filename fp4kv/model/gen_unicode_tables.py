@@ -88,11 +88,11 @@ struct Decomposition {{
 
 inline constexpr const char* kUnicodeVersion = "{ud.unidata_version}";
 """)
-    emit("kLetters", "Range", letters, 6)      # General_Category L*
+    emit("kLetters", "Range", letters, 5)      # General_Category L*
     print()
-    emit("kNumbers", "Range", numbers, 6)      # General_Category N*
+    emit("kNumbers", "Range", numbers, 5)      # General_Category N*
     print()
-    emit("kCombiningClasses", "ValuedRange", ccc, 5)  # Canonical_Combining_Class != 0
+    emit("kCombiningClasses", "ValuedRange", ccc, 4)  # Canonical_Combining_Class != 0
     print()
     emit("kDecompositions", "Decomposition", decomp, 4)
     print("\n}  // namespace fp4kv::model::unicode_data")

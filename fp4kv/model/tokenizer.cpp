@@ -14,8 +14,9 @@ Tokenizer Tokenizer::for_model(const std::string& dir, const Qwen3Config& config
           "--model: '" + dir + "' is not byte-level (bos " + std::to_string(config.bos_token_id) + ", vocabulary " +
               std::to_string(config.vocab_size) + ") and has no tokenizer.json");
   auto bpe = std::make_shared<const BpeTokenizer>(BpeTokenizer::load(path));
-  require(bpe->size() <= config.vocab_size, "tokenizer '" + path + "' has ids up to " + std::to_string(bpe->size() - 1) +
-                                                ", past the model's vocabulary of " + std::to_string(config.vocab_size));
+  require(bpe->size() <= config.vocab_size, "tokenizer '" + path + "' has ids up to " +
+                                                std::to_string(bpe->size() - 1) + ", past the model's vocabulary of " +
+                                                std::to_string(config.vocab_size));
   return Tokenizer(std::move(bpe));
 }
 

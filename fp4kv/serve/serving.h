@@ -1,6 +1,6 @@
 // The parts every serving setup shares, whichever engine runs the model: the text codec of
-// the checkpoint's tokenizer, the limits the API checks requests against, and the scheduler configuration for a
-// batch size and a block pool.
+// the checkpoint's tokenizer, the limits the API checks requests against, and the scheduler
+// configuration for a batch size and a block pool.
 #pragma once
 
 #include <string>
