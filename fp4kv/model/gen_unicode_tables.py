@@ -94,7 +94,7 @@ inline constexpr const char* kUnicodeVersion = "{ud.unidata_version}";
     print()
     emit("kCombiningClasses", "ValuedRange", ccc, 4)  # Canonical_Combining_Class != 0
     print()
-    emit("kDecompositions", "Decomposition", decomp, 4)
+    emit("kDecompositions", "Decomposition", decomp, 3)
     print("\n}  // namespace fp4kv::model::unicode_data")
 
 
