@@ -1,7 +1,8 @@
 #include "fp4kv/model/bpe_tokenizer.h"
 
 #include <algorithm>
-#include <climits>
+#include <functional>
+#include <queue>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -190,16 +191,27 @@ BpeTokenizer BpeTokenizer::parse(const std::string& json_text, const std::string
   }
   for (const Added& a : t.added_) t.id_bytes_[size_t(a.id)] = a.content;
 
+  for (int b = 0; b < 256; ++b) {
+    const auto it = t.vocab_.find(bm.to_char[b]);
+    require(it != t.vocab_.end(), what + ": the vocabulary lacks the token of byte " + std::to_string(b));
+    t.byte_id_[b] = it->second;
+  }
   int rank = 0;
   for (const json& merge : m["merges"]) {
-    std::string key;
+    std::string left, right;
     if (merge.is_string()) {
-      key = merge.get<std::string>();
+      const std::string s = merge.get<std::string>();
+      const size_t space = s.find(' ');
+      require(space != std::string::npos, what + ": merge \"" + s + "\" is not \"a b\"");
+      left = s.substr(0, space), right = s.substr(space + 1);
     } else {
       require(merge.is_array() && merge.size() == 2, what + ": a merge is neither \"a b\" nor [a, b]");
-      key = merge[0].get<std::string>() + " " + merge[1].get<std::string>();
+      left = merge[0].get<std::string>(), right = merge[1].get<std::string>();
     }
-    t.merge_rank_.emplace(std::move(key), rank++);  // the first occurrence ranks
+    const auto l = t.vocab_.find(left), r = t.vocab_.find(right), lr = t.vocab_.find(left + right);
+    require(l != t.vocab_.end() && r != t.vocab_.end() && lr != t.vocab_.end(),
+            what + ": merge \"" + left + " " + right + "\" has a token outside the vocabulary");
+    t.merges_.emplace(uint64_t(uint32_t(l->second)) << 32 | uint32_t(r->second), Merge{rank++, lr->second});
   }
   return t;
 }
@@ -211,45 +223,48 @@ int BpeTokenizer::token_id(std::string_view token) const {
   return it == vocab_.end() ? -1 : it->second;
 }
 
+// BPE over the word's byte tokens: the lowest-ranked adjacent pair merges first, equal ranks
+// (the same pair) left to right, as GPT-2's loop does, in O(n log n): symbols form a linked
+// list, candidate pairs wait in a heap, and a popped pair no longer present is skipped.
 void BpeTokenizer::encode_word(const std::string& word_bytes, std::vector<int>& ids) const {
-  const ByteMap& bm = byte_map();
-  std::vector<std::string> sym;
-  sym.reserve(word_bytes.size());
-  for (char b : word_bytes) sym.push_back(bm.to_char[uint8_t(b)]);
   if (ignore_merges_) {
+    const ByteMap& bm = byte_map();
     std::string whole;
-    for (const std::string& s : sym) whole += s;
+    for (char b : word_bytes) whole += bm.to_char[uint8_t(b)];
     if (const auto it = vocab_.find(whole); it != vocab_.end()) {
       ids.push_back(it->second);
       return;
     }
   }
-  // The lowest-ranked adjacent pair merges everywhere, left to right, until none is a merge.
-  while (sym.size() > 1) {
-    int best = INT_MAX;
-    std::string best_pair;
-    for (size_t k = 0; k + 1 < sym.size(); ++k) {
-      const auto it = merge_rank_.find(sym[k] + " " + sym[k + 1]);
-      if (it != merge_rank_.end() && it->second < best) best = it->second, best_pair = it->first;
-    }
-    if (best == INT_MAX) break;
-    std::vector<std::string> next;
-    next.reserve(sym.size());
-    for (size_t k = 0; k < sym.size(); ++k) {
-      if (k + 1 < sym.size() && sym[k] + " " + sym[k + 1] == best_pair) {
-        next.push_back(sym[k] + sym[k + 1]);
-        ++k;
-      } else {
-        next.push_back(sym[k]);
-      }
-    }
-    sym.swap(next);
+  const int n = int(word_bytes.size());
+  std::vector<int> sym(size_t(n), 0), next(size_t(n), 0), prev(size_t(n), 0);
+  for (int k = 0; k < n; ++k) sym[k] = byte_id_[uint8_t(word_bytes[size_t(k)])], next[k] = k + 1, prev[k] = k - 1;
+  auto merge_of = [this](int left, int right) -> const Merge* {
+    const auto it = merges_.find(uint64_t(uint32_t(left)) << 32 | uint32_t(right));
+    return it == merges_.end() ? nullptr : &it->second;
+  };
+  using Candidate = std::pair<int, int>;  // (rank, position of the left symbol)
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  auto push = [&](int k) {
+    if (k >= 0 && next[k] < n)
+      if (const Merge* m = merge_of(sym[k], sym[next[k]])) heap.push({m->rank, k});
+  };
+  for (int k = 0; k + 1 < n; ++k) push(k);
+  while (!heap.empty()) {
+    const auto [rank, k] = heap.top();
+    heap.pop();
+    if (sym[k] < 0 || next[k] >= n) continue;  // merged away, or no right neighbour now
+    const Merge* m = merge_of(sym[k], sym[next[k]]);
+    if (!m || m->rank != rank) continue;  // the pair here changed since it was pushed
+    const int j = next[k];
+    sym[k] = m->id;
+    sym[j] = -1;
+    next[k] = next[j];
+    if (next[j] < n) prev[next[j]] = k;
+    push(prev[k]);
+    push(k);
   }
-  for (const std::string& s : sym) {
-    const auto it = vocab_.find(s);
-    require(it != vocab_.end(), "tokenizer: BPE piece '" + s + "' is not in the vocabulary");
-    ids.push_back(it->second);
-  }
+  for (int k = 0; k < n; k = next[k]) ids.push_back(sym[k]);
 }
 
 void BpeTokenizer::encode_segment(std::string_view text, std::vector<int>& ids) const {

@@ -9,6 +9,7 @@
 // (possibly ending inside a UTF-8 character), nothing for ids without a token.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -38,7 +39,11 @@ class BpeTokenizer {
   void encode_segment(std::string_view text, std::vector<int>& ids) const;
 
   std::unordered_map<std::string, int> vocab_;       // byte-level token (mapped characters, UTF-8) -> id
-  std::unordered_map<std::string, int> merge_rank_;  // "left right" -> rank (tokens hold no U+0020)
+  struct Merge {
+    int rank, id;  // its place in the merge list; the merged token's id
+  };
+  std::unordered_map<uint64_t, Merge> merges_;  // (left id << 32 | right id) -> the merge
+  int byte_id_[256] = {};                       // the token of each single byte
   std::vector<std::string> id_bytes_;                // id -> its bytes
   struct Added {
     std::string content;

@@ -140,7 +140,8 @@ def main():
              "caf\u00e9 vs cafe\u0301", "\u1100\u1161\u11a8 \uac01", "中文 and 日本語, 한국어!", "emoji 😀👍🏽 end",
              "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
              "!!!\n\n???   \n", "x'ſ y", "it'ſa test'Sam", "\u0301starts with a mark", "done.\n"]
-    texts = fixed + [random_text(rng) for _ in range(400)]
+    long_words = ["the" * 1000, "".join(rng.choice("etaoinshrdlu") for _ in range(4000)), "9" * 500]
+    texts = fixed + long_words + [random_text(rng) for _ in range(400)]
     for start in range(0, len(text) - 600, len(text) // 20):
         texts.append(text[start:start + 600])
     cases = [{"text": t, "ids": encode(t, vocab, ranks, added), "pieces": PRE.findall(t)} for t in texts]

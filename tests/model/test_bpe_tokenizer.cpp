@@ -130,6 +130,7 @@ TEST(BpeTokenizer, WhatItDoesNotFollowIsRefusedByName) {
   expect_refused([](json& j) { j["model"]["type"] = "WordPiece"; }, "BPE");
   expect_refused([](json& j) { j["model"]["byte_fallback"] = true; }, "byte fallback");
   expect_refused([](json& j) { j["model"]["merges"][0] = json::array({"a"}); }, "merge");
+  expect_refused([](json& j) { j["model"]["merges"][0] = json::array({"zz", "q"}); }, "outside the vocabulary");
   expect_error([] { BpeTokenizer::parse("{not json", "tokenizer 'x'"); }, {"tokenizer 'x'", "not valid JSON"});
   expect_error([] { BpeTokenizer::load("/nonexistent/tokenizer.json"); }, {"cannot open", "/nonexistent"});
 }
