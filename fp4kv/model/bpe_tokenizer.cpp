@@ -189,6 +189,8 @@ BpeTokenizer BpeTokenizer::parse(const std::string& json_text, const std::string
     }
     t.id_bytes_[size_t(id)] = std::move(bytes);
   }
+  t.special_.assign(size_t(size), false);
+  for (const json& a : added) t.special_[size_t(a.at("id").get<int>())] = field_or<bool>(a, "special", false);
   for (const Added& a : t.added_) t.id_bytes_[size_t(a.id)] = a.content;
 
   for (int b = 0; b < 256; ++b) {
@@ -302,10 +304,10 @@ std::vector<int> BpeTokenizer::encode(std::string_view text) const {
   return ids;
 }
 
-std::string BpeTokenizer::decode(const std::vector<int>& ids) const {
+std::string BpeTokenizer::decode(const std::vector<int>& ids, Specials specials) const {
   std::string out;
   for (int id : ids)
-    if (id >= 0 && id < size()) out += id_bytes_[size_t(id)];
+    if (id >= 0 && id < size() && (specials == Specials::keep || !special_[size_t(id)])) out += id_bytes_[size_t(id)];
   return out;
 }
 

@@ -6,7 +6,8 @@
 //
 // Invariants: decode(encode(t)) == t for every valid UTF-8 text t already in NFC; every id
 // encode returns is a vocabulary or added-token id; decode returns the bytes of its ids
-// (possibly ending inside a UTF-8 character), nothing for ids without a token.
+// (possibly ending inside a UTF-8 character), nothing for ids without a token, and for special
+// added tokens (BOS, EOS, chat markers) nothing unless asked to keep them.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,8 @@ class BpeTokenizer {
 
   // Throws Error if `text` is not valid UTF-8.
   std::vector<int> encode(std::string_view text) const;
-  std::string decode(const std::vector<int>& ids) const;
+  enum class Specials { skip, keep };  // special added tokens in decode: HF's skip_special_tokens
+  std::string decode(const std::vector<int>& ids, Specials specials = Specials::skip) const;
   int token_id(std::string_view token) const;  // an added token's or the vocabulary's id; -1 if none
   int size() const { return int(id_bytes_.size()); }  // one past the largest id
 
@@ -45,6 +47,7 @@ class BpeTokenizer {
   std::unordered_map<uint64_t, Merge> merges_;  // (left id << 32 | right id) -> the merge
   int byte_id_[256] = {};                       // the token of each single byte
   std::vector<std::string> id_bytes_;                // id -> its bytes
+  std::vector<bool> special_;                        // id -> a special added token
   struct Added {
     std::string content;
     int id;

@@ -22,7 +22,9 @@ class Tokenizer {
   static Tokenizer bytes() { return Tokenizer(nullptr); }
 
   std::vector<int> encode(std::string_view text) const;
-  std::string decode(const std::vector<int>& ids) const;  // bytes; may end inside a character
+  // Bytes (may end inside a character); special tokens (BOS, EOS, chat markers) are not text
+  // and decode to nothing, as the byte tokenizer's ids >= 256 do.
+  std::string decode(const std::vector<int>& ids) const;
   bool is_bytes() const { return bpe_ == nullptr; }
 
  private:

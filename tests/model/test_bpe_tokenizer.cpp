@@ -67,7 +67,7 @@ TEST(BpeTokenizer, DecodeInvertsEncodeOnNormalizedText) {
   for (const json& c : cases()["encode"]) {
     const std::string text = c["text"].get<std::string>();
     if (encode_utf8(nfc(decode_utf8(text, "case"))) != text) continue;  // NFC changes it
-    EXPECT_EQ(tiny().decode(tiny().encode(text)), text);
+    EXPECT_EQ(tiny().decode(tiny().encode(text), BpeTokenizer::Specials::keep), text);
   }
 }
 
@@ -77,9 +77,19 @@ TEST(BpeTokenizer, AddedTokensAreSingleIds) {
   ASSERT_GE(end, 0);
   const std::vector<int> ids = tiny().encode("<|im_start|><|im_end|>");
   EXPECT_EQ(ids, (std::vector<int>{start, end}));
-  EXPECT_EQ(tiny().decode(ids), "<|im_start|><|im_end|>");
+  EXPECT_EQ(tiny().decode(ids, BpeTokenizer::Specials::keep), "<|im_start|><|im_end|>");
+  EXPECT_EQ(tiny().decode(ids), "");  // special: not text (HF's skip_special_tokens)
   EXPECT_EQ(tiny().token_id("no such token"), -1);
   EXPECT_EQ(tiny().decode({-1, tiny().size(), 1 << 30}), "");  // ids without a token decode to nothing
+}
+
+// An added token that is not special (Qwen3's <think>) is text; a special one is not.
+TEST(BpeTokenizer, OnlySpecialAddedTokensDecodeToNothing) {
+  json j = json::parse(read_file(fixture_path("tiny_bpe_tokenizer.json")));
+  for (json& a : j["added_tokens"])
+    if (a["content"] == "<think>") a["special"] = false;
+  const BpeTokenizer t = BpeTokenizer::parse(j.dump(), "edited");
+  EXPECT_EQ(t.decode(t.encode("<|im_start|>a<think>b</think><|im_end|>")), "a<think>b");
 }
 
 TEST(BpeTokenizer, InvalidUtf8IsRefused) {
