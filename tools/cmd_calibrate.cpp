@@ -24,7 +24,9 @@ int run_calibrate(CalibrateArgs& a) {
   require(fs::exists(a.model), "--model: model directory '" + a.model + "' does not exist");
   require(fs::is_directory(a.model), "--model: '" + a.model + "' is not a directory");
   // Every check that can fail does so before the weights load and the prefill runs.
-  eval::check_calibration_limits(model::Qwen3Config::load_dir(a.model), a.opt);
+  const model::Qwen3Config config = model::Qwen3Config::load_dir(a.model);
+  eval::check_calibration_limits(config, a.opt);
+  a.opt.tokenizer = model::Tokenizer::for_model(a.model, config);  // the prompts are text
   const std::string out = a.out.empty() ? (fs::path(a.model) / eval::kCalibrationFile).string() : a.out;
   check_output_writable(out, "--out");
   a.opt.calib_text = eval::read_text_file(a.text, "--text");

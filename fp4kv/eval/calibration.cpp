@@ -231,6 +231,25 @@ void check_calibration_limits(const model::Qwen3Config& cfg, const CalibrationOp
                       "greedy generation of " + std::to_string(opt.continuation) + " tokens");
 }
 
+namespace {
+
+// `bytes` without a partial UTF-8 character at either end (a prompt cut at byte offsets).
+std::string whole_characters(const std::string& bytes) {
+  auto continuation = [](char c) { return (uint8_t(c) & 0xC0) == 0x80; };
+  size_t begin = 0, end = bytes.size();
+  while (begin < end && continuation(bytes[begin])) ++begin;
+  size_t lead = end;  // the last character's first byte
+  while (lead > begin && continuation(bytes[lead - 1])) --lead;
+  if (lead > begin) {
+    const uint8_t b = uint8_t(bytes[lead - 1]);
+    const size_t len = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : 4;
+    if (end - (lead - 1) < len) end = lead - 1;
+  }
+  return bytes.substr(begin, end - begin);
+}
+
+}  // namespace
+
 Calibration calibrate(const model::Qwen3Model& model, const std::string& model_name, const CalibrationOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   const model::Qwen3Config& cfg = model.config();
@@ -245,12 +264,13 @@ Calibration calibrate(const model::Qwen3Model& model, const std::string& model_n
     const size_t nl = opt.calib_text.find('\n', off);
     if (nl != std::string::npos && nl + 1 + opt.prompt_bytes <= opt.calib_text.size()) off = nl + 1;
     off = std::min(off, opt.calib_text.size() - opt.prompt_bytes);
-    const std::string prompt = opt.calib_text.substr(off, opt.prompt_bytes);
-    std::vector<int> ids = model::encode_bytes(prompt, true);
+    std::string prompt = opt.calib_text.substr(off, opt.prompt_bytes);
+    if (!opt.tokenizer.is_bytes()) prompt = whole_characters(prompt);  // a subword tokenizer reads UTF-8
+    std::vector<int> ids = opt.tokenizer.encode(prompt);
     const std::vector<int> cont = model.generate_greedy(ids, opt.continuation, true);
-    joined.insert(joined.end(), ids.begin() + 1, ids.end());
+    joined.insert(joined.end(), ids.begin() + (opt.tokenizer.is_bytes() ? 1 : 0), ids.end());  // not BOS
     for (int t : cont)
-      if (t < 256) joined.push_back(t);
+      if (opt.tokenizer.is_text(t)) joined.push_back(t);
   }
   // Tile the text to fill the window, then one prefill capturing every layer's Q and K.
   std::vector<int> tokens = {cfg.bos_token_id >= 0 ? cfg.bos_token_id : model::kByteBos};

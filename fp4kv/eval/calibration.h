@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fp4kv/model/qwen3.h"
+#include "fp4kv/model/tokenizer.h"
 
 namespace fp4kv::eval {
 
@@ -49,6 +50,8 @@ struct CalibrationOptions {
   int continuation = 256;  // greedy tokens generated after each prompt
   int tau_queries = 64;    // decode queries (positions) per (layer, head) replayed for tau
   unsigned seed = 1;
+  // The model's tokenizer (model::Tokenizer::for_model); byte tokens by default.
+  model::Tokenizer tokenizer = model::Tokenizer::bytes();
 };
 
 // Tau candidates: midpoints between consecutive E4M3 values, tau(k) = (e4m3(k) + e4m3(k+1)) / 2.

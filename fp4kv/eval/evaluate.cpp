@@ -164,10 +164,10 @@ EvalReport evaluate(const EvalOptions& o, std::ostream& log) {
   require(fs::is_directory(o.model_dir), "--model: '" + o.model_dir + "' is not a directory");
   require(!o.configs.empty(), "no configurations to evaluate");
   const model::Qwen3Config config = model::Qwen3Config::load_dir(o.model_dir);
+  check_eval_limits(o, config);
   // The windows and pass-key documents are byte tokens: another vocabulary would read them
   // as unrelated ids and report numbers about nothing.
   model::require_byte_tokenizer(config, o.model_dir);
-  check_eval_limits(o, config);
   if (!o.calibration_path.empty()) require_regular_file(o.calibration_path, "--calibration");
   const std::string text = read_text_file(o.text_path, "--text");
   require(text.size() + 1 >= size_t(o.context),

@@ -35,6 +35,7 @@ class BpeTokenizer {
   std::string decode(const std::vector<int>& ids, Specials specials = Specials::skip) const;
   int token_id(std::string_view token) const;  // an added token's or the vocabulary's id; -1 if none
   int size() const { return int(id_bytes_.size()); }  // one past the largest id
+  bool is_special(int id) const { return id >= 0 && id < size() && special_[size_t(id)]; }
 
  private:
   void encode_word(const std::string& word_bytes, std::vector<int>& ids) const;

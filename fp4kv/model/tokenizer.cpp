@@ -24,6 +24,11 @@ std::vector<int> Tokenizer::encode(std::string_view text) const {
   return bpe_ ? bpe_->encode(text) : encode_bytes(text);
 }
 
+bool Tokenizer::is_text(int id) const {
+  if (!bpe_) return id >= 0 && id < kByteBos;
+  return id >= 0 && id < bpe_->size() && !bpe_->is_special(id);
+}
+
 std::string Tokenizer::decode(const std::vector<int>& ids) const {
   return bpe_ ? bpe_->decode(ids) : decode_bytes(ids);
 }

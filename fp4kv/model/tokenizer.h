@@ -26,6 +26,8 @@ class Tokenizer {
   // and decode to nothing, as the byte tokenizer's ids >= 256 do.
   std::string decode(const std::vector<int>& ids) const;
   bool is_bytes() const { return bpe_ == nullptr; }
+  // Whether the id is a token of text (not special, not past the tokenizer's ids).
+  bool is_text(int id) const;
 
  private:
   explicit Tokenizer(std::shared_ptr<const BpeTokenizer> bpe) : bpe_(std::move(bpe)) {}

@@ -78,7 +78,8 @@ TEST(CliGenerate, BadInputsGetClearErrors) {
 
 // A checkpoint with a subword vocabulary generates through the tokenizer.json beside it (here
 // random weights of small_config's shape sized to the BPE test tokenizer): the prompt is its
-// BPE tokens, not its bytes; without tokenizer.json the error names the file.
+// BPE tokens, not its bytes; without tokenizer.json the error names the file. `calibrate`
+// reads its prompts with the same tokenizer, and its file lets `--kv nvfp4` generate.
 TEST(CliGenerate, ASubwordCheckpointUsesItsTokenizerJson) {
   const std::string data = std::string(FP4KV_SOURCE_DIR) + "/tests/model/data/";
   const nlohmann::json cases = nlohmann::json::parse(std::ifstream(data + "tiny_bpe_cases.json"));
@@ -88,6 +89,7 @@ TEST(CliGenerate, ASubwordCheckpointUsesItsTokenizerJson) {
   model::testing::TempDir dir;
   nlohmann::json config = model::testing::small_config();
   config["vocab_size"] = int(tokenizer["model"]["vocab"].size() + tokenizer["added_tokens"].size());
+  config["head_dim"] = 64;  // the smallest the FP4 recipes' Hadamard transform takes
   model::testing::write_checkpoint(dir.str(), config, model::testing::qwen3_tensors(config));
   const std::string args = "generate --model " + dir.str() + " --prompt 'Hello, world!' --max-tokens 3 --device cpu --kv bf16";
   const CliResult missing = run_cli(args);
@@ -98,6 +100,13 @@ TEST(CliGenerate, ASubwordCheckpointUsesItsTokenizerJson) {
   ASSERT_EQ(r.code, 0) << r.output;
   const std::string prompt = "prompt " + std::to_string(hello["ids"].size()) + " tokens";
   EXPECT_NE(r.output.find(prompt), std::string::npos) << prompt << " missing in: " << r.output;
+  const CliResult cal = run_cli("calibrate --model " + dir.str() + " --text " + FP4KV_SOURCE_DIR +
+                                "/data/calib.txt --context 256 --continuation 8");
+  ASSERT_EQ(cal.code, 0) << cal.output;
+  const CliResult nv = run_cli_in_shell(cli_path() + " generate --model " + dir.str() +
+                                        " --prompt 'Hello, world!' --max-tokens 3 --device cpu --kv nvfp4 2>&1 >/dev/null");
+  ASSERT_EQ(nv.code, 0) << nv.output;
+  EXPECT_NE(nv.output.find("kv nvfp4"), std::string::npos) << nv.output;
 }
 
 // --device cuda runs the GPU engine where a device is visible and is a clear error elsewhere
