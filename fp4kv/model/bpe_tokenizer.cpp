@@ -1,10 +1,10 @@
 #include "fp4kv/model/bpe_tokenizer.h"
 
 #include <algorithm>
-#include <functional>
-#include <queue>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <queue>
 #include <sstream>
 #include <utility>
 
@@ -16,7 +16,7 @@ namespace {
 
 using json = nlohmann::json;
 
-// The pre-tokenizer pattern of Qwen2-family tokenizer.json files, which split_qwen2 implements.
+// The pre-tokenizer pattern of Qwen2-family tokenizer.json files, which match_qwen2 implements.
 constexpr std::string_view kQwen2Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
@@ -145,77 +145,81 @@ BpeTokenizer BpeTokenizer::parse(const std::string& json_text, const std::string
   } catch (const json::exception& e) {
     throw Error(what + " is not valid JSON: " + e.what());
   }
-  BpeTokenizer t;
-  const json normalizer = j.value("normalizer", json());
-  require(normalizer.is_null() || type_of(normalizer) == "NFC",
-          what + ": normalizer must be NFC or none, got '" + normalizer.dump() + "'");
-  t.nfc_ = !normalizer.is_null();
-  check_pre_tokenizer(j.value("pre_tokenizer", json()), what);
-  const json post = j.value("post_processor", json());
-  require(post.is_null() || type_of(post) == "ByteLevel",
-          what + ": a post_processor that adds tokens (" + type_of(post) + ") is not supported");
-  const json& m = j.value("model", json());
-  check_model(m, what);
-  t.ignore_merges_ = field_or<bool>(m, "ignore_merges", false);
+  try {
+    BpeTokenizer t;
+    const json normalizer = j.value("normalizer", json());
+    require(normalizer.is_null() || type_of(normalizer) == "NFC",
+            what + ": normalizer must be NFC or none, got '" + normalizer.dump() + "'");
+    t.nfc_ = !normalizer.is_null();
+    check_pre_tokenizer(j.value("pre_tokenizer", json()), what);
+    const json post = j.value("post_processor", json());
+    require(post.is_null() || type_of(post) == "ByteLevel",
+            what + ": a post_processor that adds tokens (" + type_of(post) + ") is not supported");
+    const json& m = j.value("model", json());
+    check_model(m, what);
+    t.ignore_merges_ = field_or<bool>(m, "ignore_merges", false);
 
-  int size = 0;
-  for (const auto& [token, id] : m["vocab"].items()) {
-    require(id.is_number_integer() && id.get<int>() >= 0,
-            what + ": vocab id of '" + token + "' is not a non-negative integer");
-    t.vocab_.emplace(token, id.get<int>());
-    size = std::max(size, id.get<int>() + 1);
-  }
-  const json& added = j.value("added_tokens", json::array());
-  for (const json& a : added) {
-    require(!field_or<bool>(a, "lstrip", false) && !field_or<bool>(a, "rstrip", false) &&
-                !field_or<bool>(a, "single_word", false),
-            what + ": added token " + a.value("content", std::string()) + " strips spaces or matches whole words only");
-    const std::string content = a.at("content").get<std::string>();
-    require(!content.empty(), what + ": an added token is empty");
-    t.added_.push_back({content, a.at("id").get<int>()});
-    size = std::max(size, t.added_.back().id + 1);
-  }
-  std::stable_sort(t.added_.begin(), t.added_.end(),
-                   [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
-
-  const ByteMap& bm = byte_map();
-  t.id_bytes_.assign(size_t(size), std::string());
-  for (const auto& [token, id] : t.vocab_) {
-    std::string bytes;
-    for (char32_t c : decode_utf8(token, what + ": vocab token")) {
-      const auto b = bm.to_byte.find(c);
-      require(b != bm.to_byte.end(), what + ": vocab token '" + token + "' holds a character outside the byte map");
-      bytes.push_back(char(b->second));
+    int size = 0;
+    for (const auto& [token, id] : m["vocab"].items()) {
+      require(id.is_number_integer() && id.get<int>() >= 0,
+              what + ": vocab id of '" + token + "' is not a non-negative integer");
+      t.vocab_.emplace(token, id.get<int>());
+      size = std::max(size, id.get<int>() + 1);
     }
-    t.id_bytes_[size_t(id)] = std::move(bytes);
-  }
-  t.special_.assign(size_t(size), false);
-  for (const json& a : added) t.special_[size_t(a.at("id").get<int>())] = field_or<bool>(a, "special", false);
-  for (const Added& a : t.added_) t.id_bytes_[size_t(a.id)] = a.content;
-
-  for (int b = 0; b < 256; ++b) {
-    const auto it = t.vocab_.find(bm.to_char[b]);
-    require(it != t.vocab_.end(), what + ": the vocabulary lacks the token of byte " + std::to_string(b));
-    t.byte_id_[b] = it->second;
-  }
-  int rank = 0;
-  for (const json& merge : m["merges"]) {
-    std::string left, right;
-    if (merge.is_string()) {
-      const std::string s = merge.get<std::string>();
-      const size_t space = s.find(' ');
-      require(space != std::string::npos, what + ": merge \"" + s + "\" is not \"a b\"");
-      left = s.substr(0, space), right = s.substr(space + 1);
-    } else {
-      require(merge.is_array() && merge.size() == 2, what + ": a merge is neither \"a b\" nor [a, b]");
-      left = merge[0].get<std::string>(), right = merge[1].get<std::string>();
+    const json& added = j.value("added_tokens", json::array());
+    for (const json& a : added) {
+      const std::string content = a.at("content").get<std::string>();
+      require(!field_or<bool>(a, "lstrip", false) && !field_or<bool>(a, "rstrip", false) &&
+                  !field_or<bool>(a, "single_word", false),
+              what + ": added token " + content + " strips spaces or matches whole words only");
+      require(!content.empty() && a.at("id").get<int>() >= 0, what + ": an added token is empty or has a negative id");
+      t.added_.push_back({content, a.at("id").get<int>()});
+      size = std::max(size, t.added_.back().id + 1);
     }
-    const auto l = t.vocab_.find(left), r = t.vocab_.find(right), lr = t.vocab_.find(left + right);
-    require(l != t.vocab_.end() && r != t.vocab_.end() && lr != t.vocab_.end(),
-            what + ": merge \"" + left + " " + right + "\" has a token outside the vocabulary");
-    t.merges_.emplace(uint64_t(uint32_t(l->second)) << 32 | uint32_t(r->second), Merge{rank++, lr->second});
+    std::stable_sort(t.added_.begin(), t.added_.end(),
+                     [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
+
+    const ByteMap& bm = byte_map();
+    t.id_bytes_.assign(size_t(size), std::string());
+    for (const auto& [token, id] : t.vocab_) {
+      std::string bytes;
+      for (char32_t c : decode_utf8(token, what + ": vocab token")) {
+        const auto b = bm.to_byte.find(c);
+        require(b != bm.to_byte.end(), what + ": vocab token '" + token + "' holds a character outside the byte map");
+        bytes.push_back(char(b->second));
+      }
+      t.id_bytes_[size_t(id)] = std::move(bytes);
+    }
+    t.special_.assign(size_t(size), false);
+    for (const json& a : added) t.special_[size_t(a.at("id").get<int>())] = field_or<bool>(a, "special", false);
+    for (const Added& a : t.added_) t.id_bytes_[size_t(a.id)] = a.content;
+
+    for (int b = 0; b < 256; ++b) {
+      const auto it = t.vocab_.find(bm.to_char[b]);
+      require(it != t.vocab_.end(), what + ": the vocabulary lacks the token of byte " + std::to_string(b));
+      t.byte_id_[b] = it->second;
+    }
+    int rank = 0;
+    for (const json& merge : m["merges"]) {
+      std::string left, right;
+      if (merge.is_string()) {
+        const std::string s = merge.get<std::string>();
+        const size_t space = s.find(' ');
+        require(space != std::string::npos, what + ": merge \"" + s + "\" is not \"a b\"");
+        left = s.substr(0, space), right = s.substr(space + 1);
+      } else {
+        require(merge.is_array() && merge.size() == 2, what + ": a merge is neither \"a b\" nor [a, b]");
+        left = merge[0].get<std::string>(), right = merge[1].get<std::string>();
+      }
+      const auto l = t.vocab_.find(left), r = t.vocab_.find(right), lr = t.vocab_.find(left + right);
+      require(l != t.vocab_.end() && r != t.vocab_.end() && lr != t.vocab_.end(),
+              what + ": merge \"" + left + " " + right + "\" has a token outside the vocabulary");
+      t.merges_.emplace(uint64_t(uint32_t(l->second)) << 32 | uint32_t(r->second), Merge{rank++, lr->second});
+    }
+    return t;
+  } catch (const json::exception& e) {  // a field of the wrong type, or a missing one
+    throw Error(what + " has an unexpected shape: " + e.what());
   }
-  return t;
 }
 
 int BpeTokenizer::token_id(std::string_view token) const {

@@ -142,6 +142,8 @@ TEST(BpeTokenizer, WhatItDoesNotFollowIsRefusedByName) {
   expect_refused([](json& j) { j["model"]["merges"][0] = json::array({"a"}); }, "merge");
   expect_refused([](json& j) { j["model"]["merges"][0] = json::array({"zz", "q"}); }, "outside the vocabulary");
   expect_error([] { BpeTokenizer::parse("{not json", "tokenizer 'x'"); }, {"tokenizer 'x'", "not valid JSON"});
+  expect_refused([](json& j) { j["added_tokens"][0]["content"] = 7; }, "unexpected shape");
+  expect_refused([](json& j) { j["model"]["vocab"] = json::array(); }, "vocab");
   expect_error([] { BpeTokenizer::load("/nonexistent/tokenizer.json"); }, {"cannot open", "/nonexistent"});
 }
 
