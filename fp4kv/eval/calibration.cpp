@@ -19,6 +19,7 @@
 #include "fp4kv/core/transform.h"
 #include "fp4kv/eval/limits.h"
 #include "fp4kv/model/byte_tokenizer.h"
+#include "fp4kv/model/unicode_text.h"
 
 namespace fp4kv::eval {
 
@@ -234,18 +235,9 @@ void check_calibration_limits(const model::Qwen3Config& cfg, const CalibrationOp
 namespace {
 
 // `bytes` without a partial UTF-8 character at either end (a prompt cut at byte offsets).
-std::string whole_characters(const std::string& bytes) {
-  auto continuation = [](char c) { return (uint8_t(c) & 0xC0) == 0x80; };
-  size_t begin = 0, end = bytes.size();
-  while (begin < end && continuation(bytes[begin])) ++begin;
-  size_t lead = end;  // the last character's first byte
-  while (lead > begin && continuation(bytes[lead - 1])) --lead;
-  if (lead > begin) {
-    const uint8_t b = uint8_t(bytes[lead - 1]);
-    const size_t len = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : 4;
-    if (end - (lead - 1) < len) end = lead - 1;
-  }
-  return bytes.substr(begin, end - begin);
+std::string whole_characters(std::string_view bytes) {
+  while (!bytes.empty() && (uint8_t(bytes.front()) & 0xC0) == 0x80) bytes.remove_prefix(1);  // continuation bytes
+  return std::string(bytes.substr(0, model::utf8_complete_prefix(bytes)));
 }
 
 }  // namespace

@@ -117,17 +117,22 @@ void check_model(const json& m, const std::string& what) {
           what + ": BPE with a subword prefix, word suffix, byte fallback or dropout is not supported");
 }
 
-}  // namespace
-
-std::vector<std::string> qwen2_pieces(std::string_view text) {
-  const std::vector<char32_t> cps = decode_utf8(text, "the text to split");
+// The pattern's pieces of `cps`, as UTF-8.
+std::vector<std::string> pieces_of(const std::vector<char32_t>& cps) {
   std::vector<std::string> pieces;
   for (size_t i = 0; i < cps.size();) {
     const size_t len = match_qwen2(cps, i);
-    pieces.push_back(encode_utf8(std::vector<char32_t>(cps.begin() + i, cps.begin() + i + len)));
+    std::string& piece = pieces.emplace_back();
+    for (size_t k = i; k < i + len; ++k) append_utf8(cps[k], piece);
     i += len;
   }
   return pieces;
+}
+
+}  // namespace
+
+std::vector<std::string> qwen2_pieces(std::string_view text) {
+  return pieces_of(decode_utf8(text, "the text to split"));
 }
 
 BpeTokenizer BpeTokenizer::load(const std::string& path) {
@@ -173,7 +178,7 @@ BpeTokenizer BpeTokenizer::parse(const std::string& json_text, const std::string
                   !field_or<bool>(a, "single_word", false),
               what + ": added token " + content + " strips spaces or matches whole words only");
       require(!content.empty() && a.at("id").get<int>() >= 0, what + ": an added token is empty or has a negative id");
-      t.added_.push_back({content, a.at("id").get<int>()});
+      t.added_.push_back({content, a.at("id").get<int>(), field_or<bool>(a, "special", false)});
       size = std::max(size, t.added_.back().id + 1);
     }
     std::stable_sort(t.added_.begin(), t.added_.end(),
@@ -191,8 +196,10 @@ BpeTokenizer BpeTokenizer::parse(const std::string& json_text, const std::string
       t.id_bytes_[size_t(id)] = std::move(bytes);
     }
     t.special_.assign(size_t(size), false);
-    for (const json& a : added) t.special_[size_t(a.at("id").get<int>())] = field_or<bool>(a, "special", false);
-    for (const Added& a : t.added_) t.id_bytes_[size_t(a.id)] = a.content;
+    for (const Added& a : t.added_) {
+      t.id_bytes_[size_t(a.id)] = a.content;
+      t.special_[size_t(a.id)] = a.special;
+    }
 
     for (int b = 0; b < 256; ++b) {
       const auto it = t.vocab_.find(bm.to_char[b]);
@@ -276,13 +283,7 @@ void BpeTokenizer::encode_word(const std::string& word_bytes, std::vector<int>& 
 void BpeTokenizer::encode_segment(std::string_view text, std::vector<int>& ids) const {
   std::vector<char32_t> cps = decode_utf8(text, "the text to tokenize");
   if (nfc_) cps = nfc(cps);
-  for (size_t i = 0; i < cps.size();) {
-    const size_t len = match_qwen2(cps, i);
-    std::string word;
-    for (size_t k = i; k < i + len; ++k) append_utf8(cps[k], word);
-    encode_word(word, ids);
-    i += len;
-  }
+  for (const std::string& word : pieces_of(cps)) encode_word(word, ids);
 }
 
 std::vector<int> BpeTokenizer::encode(std::string_view text) const {

@@ -52,6 +52,7 @@ class BpeTokenizer {
   struct Added {
     std::string content;
     int id;
+    bool special;  // not text: decode skips it unless asked to keep it
   };
   std::vector<Added> added_;  // longest first: the longest match at a position wins
   bool nfc_ = false;

@@ -1,6 +1,7 @@
 #include "fp4kv/model/unicode_text.h"
 
 #include <algorithm>
+#include <string>
 #include <unordered_map>
 
 #include "fp4kv/core/error.h"
@@ -68,35 +69,85 @@ char32_t compose(char32_t a, char32_t b, const DecompositionIndex& index) {
 // Below U+0300 every code point is its own NFC and none combines with a neighbour.
 constexpr char32_t kFirstNormalizationSensitive = 0x300;
 
+// Length of the UTF-8 sequence led by `lead` (0: not a lead byte), and the valid range of its
+// second byte (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF).
+struct Lead {
+  int length = 0;
+  unsigned char lo = 0x80, hi = 0xBF;
+};
+
+Lead lead_of(unsigned char b) {
+  if (b < 0x80) return {1};
+  if (b >= 0xC2 && b <= 0xDF) return {2};
+  if (b == 0xE0) return {3, 0xA0, 0xBF};
+  if (b == 0xED) return {3, 0x80, 0x9F};
+  if (b >= 0xE1 && b <= 0xEF) return {3};
+  if (b == 0xF0) return {4, 0x90, 0xBF};
+  if (b >= 0xF1 && b <= 0xF3) return {4};
+  if (b == 0xF4) return {4, 0x80, 0x8F};
+  return {0};
+}
+
+enum class Seq { valid, invalid, truncated };
+
+// Classifies the sequence starting at s[i].
+Seq classify(std::string_view s, size_t i) {
+  const Lead lead = lead_of((unsigned char)s[i]);
+  if (lead.length == 0) return Seq::invalid;
+  for (int k = 1; k < lead.length; ++k) {
+    if (i + k >= s.size()) return Seq::truncated;
+    const unsigned char c = (unsigned char)s[i + k];
+    const unsigned char lo = k == 1 ? lead.lo : 0x80, hi = k == 1 ? lead.hi : 0xBF;
+    if (c < lo || c > hi) return Seq::invalid;
+  }
+  return Seq::valid;
+}
+
+constexpr const char* kReplacementCharacter = "\xEF\xBF\xBD";
+
 }  // namespace
 
 std::vector<char32_t> decode_utf8(std::string_view text, const std::string& what) {
   std::vector<char32_t> cps;
   cps.reserve(text.size());
-  size_t i = 0;
-  auto bad = [&](size_t at) {
-    return Error(what + " is not valid UTF-8 (at byte " + std::to_string(at) + ")");
-  };
-  while (i < text.size()) {
-    const uint8_t b0 = uint8_t(text[i]);
-    int len;
-    char32_t cp, min;
-    if (b0 < 0x80) len = 1, cp = b0, min = 0;
-    else if ((b0 & 0xE0) == 0xC0) len = 2, cp = b0 & 0x1F, min = 0x80;
-    else if ((b0 & 0xF0) == 0xE0) len = 3, cp = b0 & 0x0F, min = 0x800;
-    else if ((b0 & 0xF8) == 0xF0) len = 4, cp = b0 & 0x07, min = 0x10000;
-    else throw bad(i);
-    if (i + len > text.size()) throw bad(i);
-    for (int k = 1; k < len; ++k) {
-      const uint8_t b = uint8_t(text[i + k]);
-      if ((b & 0xC0) != 0x80) throw bad(i);
-      cp = cp << 6 | (b & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) throw bad(i);
+  for (size_t i = 0; i < text.size();) {
+    if (classify(text, i) != Seq::valid)
+      throw Error(what + " is not valid UTF-8 (at byte " + std::to_string(i) + ")");
+    const int len = lead_of(uint8_t(text[i])).length;
+    constexpr uint8_t kLeadPayload[] = {0, 0x7F, 0x1F, 0x0F, 0x07};  // a lead byte's code point bits
+    char32_t cp = uint8_t(text[i]) & kLeadPayload[len];
+    for (int k = 1; k < len; ++k) cp = cp << 6 | (uint8_t(text[i + k]) & 0x3F);
     cps.push_back(cp);
-    i += len;
+    i += size_t(len);
   }
   return cps;
+}
+
+size_t utf8_complete_prefix(std::string_view bytes) {
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const Seq q = classify(bytes, i);
+    if (q == Seq::truncated) return i;
+    i += q == Seq::valid ? size_t(lead_of((unsigned char)bytes[i]).length) : 1;
+  }
+  return i;
+}
+
+std::string sanitize_utf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  size_t i = 0;
+  while (i < bytes.size()) {
+    if (classify(bytes, i) == Seq::valid) {
+      const size_t n = size_t(lead_of((unsigned char)bytes[i]).length);
+      out.append(bytes, i, n);
+      i += n;
+    } else {
+      out += kReplacementCharacter;
+      ++i;
+    }
+  }
+  return out;
 }
 
 void append_utf8(char32_t cp, std::string& out) {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fp4kv/engine/engine.h"
+#include "fp4kv/model/unicode_text.h"
 
 namespace fp4kv::serve {
 
@@ -78,12 +79,9 @@ CompletionRequest parse_completion_request(const std::string& body, const ModelL
 // server cancelled (shutdown) ends with "cancelled".
 const char* openai_finish_reason(engine::FinishReason r);
 
-// Bytes [0, n) of `bytes` that are safe to send now: all but a trailing, still-valid but
-// incomplete UTF-8 sequence (which the next token may complete).
-size_t utf8_complete_prefix(const std::string& bytes);
-// Valid UTF-8: each invalid or truncated sequence's lead byte becomes U+FFFD. Cutting the
-// input at utf8_complete_prefix and sanitizing the parts gives the whole's result.
-std::string sanitize_utf8(const std::string& bytes);
+// The UTF-8 safety of the responses (model/unicode_text.h).
+using model::sanitize_utf8;
+using model::utf8_complete_prefix;
 
 struct Usage {
   int prompt_tokens = 0;

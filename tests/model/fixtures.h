@@ -260,4 +260,23 @@ inline void write_checkpoint(const std::string& dir, const nlohmann::json& confi
   write_safetensors(dir + "/model.safetensors", tensors);
 }
 
+// The BPE test tokenizer's files (tests/model/make_bpe_fixture.py): tiny_bpe_tokenizer.json and
+// tiny_bpe_cases.json (texts with their reference ids).
+inline std::string bpe_fixture_path(const std::string& name) { return source_dir() + "/tests/model/data/" + name; }
+inline nlohmann::json read_bpe_fixture(const std::string& name) {
+  return nlohmann::json::parse(std::ifstream(bpe_fixture_path(name)));
+}
+
+// A checkpoint with a subword vocabulary in `dir`: random weights of small_config's shape with
+// head_dim 64 (the smallest the FP4 recipes' Hadamard transform takes) and the BPE test
+// tokenizer's vocabulary size; its tokenizer.json beside them when `with_tokenizer`.
+inline void write_bpe_checkpoint(const std::string& dir, bool with_tokenizer = true) {
+  const nlohmann::json tokenizer = read_bpe_fixture("tiny_bpe_tokenizer.json");
+  nlohmann::json config = small_config();
+  config["vocab_size"] = int(tokenizer["model"]["vocab"].size() + tokenizer["added_tokens"].size());
+  config["head_dim"] = 64;
+  write_checkpoint(dir, config, qwen3_tensors(config));
+  if (with_tokenizer) write_text(dir + "/tokenizer.json", tokenizer.dump());
+}
+
 }  // namespace fp4kv::model::testing

@@ -23,7 +23,6 @@ using json = nlohmann::json;
 using testing::expect_error;
 using testing::TempDir;
 
-std::string fixture_path(const char* name) { return testing::source_dir() + "/tests/model/data/" + name; }
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream s;
@@ -31,11 +30,11 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 const json& cases() {
-  static const json j = json::parse(read_file(fixture_path("tiny_bpe_cases.json")));
+  static const json j = json::parse(read_file(testing::bpe_fixture_path("tiny_bpe_cases.json")));
   return j;
 }
 const BpeTokenizer& tiny() {
-  static const BpeTokenizer t = BpeTokenizer::load(fixture_path("tiny_bpe_tokenizer.json"));
+  static const BpeTokenizer t = BpeTokenizer::load(testing::bpe_fixture_path("tiny_bpe_tokenizer.json"));
   return t;
 }
 
@@ -86,7 +85,7 @@ TEST(BpeTokenizer, AddedTokensAreSingleIds) {
 
 // An added token that is not special (Qwen3's <think>) is text; a special one is not.
 TEST(BpeTokenizer, OnlySpecialAddedTokensDecodeToNothing) {
-  json j = json::parse(read_file(fixture_path("tiny_bpe_tokenizer.json")));
+  json j = json::parse(read_file(testing::bpe_fixture_path("tiny_bpe_tokenizer.json")));
   for (json& a : j["added_tokens"])
     if (a["content"] == "<think>") a["special"] = false;
   const BpeTokenizer t = BpeTokenizer::parse(j.dump(), "edited");
@@ -126,7 +125,7 @@ TEST(Unicode, ClassesOfThePreTokenizer) {
 
 // tokenizer.json with one field replaced, parsed.
 void expect_refused(const std::function<void(json&)>& edit, const std::string& part) {
-  json j = json::parse(read_file(fixture_path("tiny_bpe_tokenizer.json")));
+  json j = json::parse(read_file(testing::bpe_fixture_path("tiny_bpe_tokenizer.json")));
   edit(j);
   expect_error([&] { BpeTokenizer::parse(j.dump(), "tokenizer 'edited'"); }, {"tokenizer 'edited'", part});
 }
@@ -165,7 +164,7 @@ TEST(Tokenizer, ByteCheckpointsUseBytesOthersTheirTokenizerJson) {
   TempDir dir;
   write_subword_config(dir, tiny().size() + 64);
   expect_error([&] { Tokenizer::for_model(dir.str(), Qwen3Config::load_dir(dir.str())); }, {dir.str(), "tokenizer.json"});
-  std::ofstream(dir.str() + "/tokenizer.json") << read_file(fixture_path("tiny_bpe_tokenizer.json"));
+  std::ofstream(dir.str() + "/tokenizer.json") << read_file(testing::bpe_fixture_path("tiny_bpe_tokenizer.json"));
   const Tokenizer bpe = Tokenizer::for_model(dir.str(), Qwen3Config::load_dir(dir.str()));
   EXPECT_FALSE(bpe.is_bytes());
   const json& c = cases()["encode"][1];

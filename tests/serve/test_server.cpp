@@ -13,7 +13,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
@@ -166,19 +165,14 @@ TEST(Server, CompletionEqualsGenerationAlone) {
   EXPECT_EQ(health->status, 200);
 }
 
-// A checkpoint with a subword vocabulary is served through the tokenizer.json beside it (random
-// weights of small_config's shape, sized to the BPE test tokenizer): the prompt counts its BPE
-// tokens, and the completion is the tokens the engine draws alone, decoded by that tokenizer.
+// A checkpoint with a subword vocabulary is served through the tokenizer.json beside it
+// (fixtures.h write_bpe_checkpoint): the prompt counts its BPE tokens, and the completion is the
+// tokens the engine draws alone, decoded by that tokenizer.
 TEST(Server, ASubwordCheckpointIsServedThroughItsTokenizer) {
-  const std::string data = std::string(FP4KV_SOURCE_DIR) + "/tests/model/data/";
-  const json cases = json::parse(std::ifstream(data + "tiny_bpe_cases.json"));
-  const json tokenizer = json::parse(std::ifstream(data + "tiny_bpe_tokenizer.json"));
+  const json cases = model::testing::read_bpe_fixture("tiny_bpe_cases.json");
   ASSERT_EQ(cases["encode"][1]["text"], "Hello, world!");
   model::testing::TempDir dir;
-  json config = model::testing::small_config();
-  config["vocab_size"] = int(tokenizer["model"]["vocab"].size() + tokenizer["added_tokens"].size());
-  model::testing::write_checkpoint(dir.str(), config, model::testing::qwen3_tensors(config));
-  std::ofstream(dir.str() + "/tokenizer.json") << tokenizer.dump();
+  model::testing::write_bpe_checkpoint(dir.str());
   CpuServeSetup setup;
   setup.model_dir = dir.str();
   setup.kv = "bf16";

@@ -81,21 +81,17 @@ TEST(CliGenerate, BadInputsGetClearErrors) {
 // BPE tokens, not its bytes; without tokenizer.json the error names the file. `calibrate`
 // reads its prompts with the same tokenizer, and its file lets `--kv nvfp4` generate.
 TEST(CliGenerate, ASubwordCheckpointUsesItsTokenizerJson) {
-  const std::string data = std::string(FP4KV_SOURCE_DIR) + "/tests/model/data/";
-  const nlohmann::json cases = nlohmann::json::parse(std::ifstream(data + "tiny_bpe_cases.json"));
-  const nlohmann::json tokenizer = nlohmann::json::parse(std::ifstream(data + "tiny_bpe_tokenizer.json"));
+  const nlohmann::json cases = model::testing::read_bpe_fixture("tiny_bpe_cases.json");
   const nlohmann::json& hello = cases["encode"][1];
   ASSERT_EQ(hello["text"], "Hello, world!");
   model::testing::TempDir dir;
-  nlohmann::json config = model::testing::small_config();
-  config["vocab_size"] = int(tokenizer["model"]["vocab"].size() + tokenizer["added_tokens"].size());
-  config["head_dim"] = 64;  // the smallest the FP4 recipes' Hadamard transform takes
-  model::testing::write_checkpoint(dir.str(), config, model::testing::qwen3_tensors(config));
+  model::testing::write_bpe_checkpoint(dir.str(), /*with_tokenizer=*/false);
   const std::string args = "generate --model " + dir.str() + " --prompt 'Hello, world!' --max-tokens 3 --device cpu --kv bf16";
   const CliResult missing = run_cli(args);
   EXPECT_EQ(missing.code, 2) << missing.output;
   EXPECT_NE(missing.output.find("tokenizer.json"), std::string::npos) << missing.output;
-  std::ofstream(dir.str() + "/tokenizer.json") << tokenizer.dump();
+  model::testing::write_text(dir.str() + "/tokenizer.json",
+                             model::testing::read_bpe_fixture("tiny_bpe_tokenizer.json").dump());
   const CliResult r = run_cli_in_shell(cli_path() + " " + args + " 2>&1 >/dev/null");
   ASSERT_EQ(r.code, 0) << r.output;
   const std::string prompt = "prompt " + std::to_string(hello["ids"].size()) + " tokens";
