@@ -1,13 +1,17 @@
 // `fp4kv generate`: a prompt through prefill into the recipe's KV cache, then tokens streamed
 // to stdout as they are drawn; prompt tokens, prefill time, time per output token and
-// tokens/s go to stderr, so the text can be piped. The CPU engine (engine/cpu_generator.h)
+// tokens/s go to stderr, so the text can be piped. With --chat the prompt is a user message
+// that the checkpoint's chat template turns into the model's text. The CPU engine (engine/cpu_generator.h)
 // runs everywhere; the GPU engine (engine/gpu_generator.h) in CUDA builds, reading the prompt
 // in --prefill-chunk chunks of the tensor-core prefill.
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/recipe.h"
@@ -17,6 +21,7 @@
 #include "fp4kv/eval/limits.h"
 #include "fp4kv/eval/model_attention.h"
 #include "fp4kv/eval/recipe_setup.h"
+#include "fp4kv/model/chat_template.h"
 #include "fp4kv/model/qwen3.h"
 #include "fp4kv/model/tokenizer.h"
 #include "tools/commands.h"
@@ -42,6 +47,9 @@ struct GenerateArgs {
   int prefill_chunk = engine::kServingPrefillChunk;  // fp4kv serve's, so both read a prompt alike
   engine::GenerateOptions options;
   bool prompt_given = false;  // --prompt '' is an empty prompt, not a missing one
+  bool chat = false;          // the prompt is a user message, rendered by the chat template
+  std::string system;         // with --chat: a system message before it
+  std::string chat_template;  // with --chat: a template file instead of the checkpoint's
 };
 
 std::string read_prompt(const GenerateArgs& a) {
@@ -70,6 +78,30 @@ std::function<void(int)> token_printer(const model::Tokenizer& tokenizer) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   };
+}
+
+// The text the model reads: the prompt itself, or with --chat the conversation (an optional
+// system message and the prompt as the user's) as the chat template writes it, with the
+// assistant's turn opened.
+std::string model_text(const GenerateArgs& a, const std::string& prompt) {
+  require(a.chat || (a.system.empty() && a.chat_template.empty()), "--system and --chat-template need --chat");
+  if (!a.chat) return prompt;
+  require(a.model.find(":random") == std::string::npos, "--chat needs a checkpoint directory, not " + a.model);
+  std::optional<model::ChatTemplate> chat = a.chat_template.empty()
+                                                ? model::ChatTemplate::for_model(a.model)
+                                                : model::ChatTemplate::from_file(a.chat_template, a.model);
+  require(chat.has_value(), "--chat: " + a.model + " has no chat template (no chat_template.jinja, none in "
+                            "tokenizer_config.json); give one with --chat-template FILE");
+  nlohmann::json messages = nlohmann::json::array();
+  if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+  messages.push_back({{"role", "user"}, {"content", prompt}});
+  model::ChatInput input;
+  input.messages_json = messages.dump();
+  try {
+    return chat->render(input);
+  } catch (const model::jinja::TemplateError& e) {
+    throw Error(std::string("--chat: the chat template of ") + chat->origin() + " fails: " + e.what());
+  }
 }
 
 void print_stats(const char* device, const Recipe& recipe, const engine::GenerateStats& s) {
@@ -134,7 +166,7 @@ int run_generate(const GenerateArgs& a) {
   const std::string text = read_prompt(a);
   require(!text.empty(), "the prompt is empty");
   const model::Tokenizer tokenizer = tokenizer_of(a.model);
-  const std::vector<int> prompt = tokenizer.encode(text);
+  const std::vector<int> prompt = tokenizer.encode(model_text(a, text));
 #ifdef FP4KV_HAVE_CUDA
   if (gpu) return generate_on_gpu(a, recipe, tokenizer, prompt);
 #endif
@@ -162,6 +194,11 @@ Action add_generate(CLI::App& app) {
   sub->add_option("--prefill-chunk", a->prefill_chunk, "prompt tokens per prefill chunk on the GPU (as fp4kv serve's)")
       ->capture_default_str();
   sub->add_option("--gemm-plans", a->gemm_plans, kGemmPlansHelp)->capture_default_str();
+  sub->add_flag("--chat", a->chat,
+                "the prompt is a user message: the checkpoint's chat template writes the model's text");
+  sub->add_option("--system", a->system, "with --chat: a system message first");
+  sub->add_option("--chat-template", a->chat_template,
+                  "with --chat: a Jinja template file instead of the checkpoint's");
   return [a, prompt] {
     a->prompt_given = prompt->count() > 0;
     return run_generate(*a);

@@ -44,6 +44,7 @@ struct ServeArgs {
   // The GPU decode step's GEMM plans: cuBLASLt's heuristic by default (the same bits on every
   // run; our GEMV, the fastest at one row, is 2x slower at 8).
   std::string gemm_plans = "heuristic";
+  std::string chat_template;  // a Jinja template file for chat completions (else the checkpoint's)
 };
 
 // SIGINT and SIGTERM write one byte to a pipe (the only async-signal-safe work); a thread
@@ -115,6 +116,12 @@ void load_and_attach(const ServeArgs& a, bool gpu, Loaded& loaded, serve::HttpSe
     std::printf("fp4kv serve: KV capacity %d blocks x %d tokens = %lld tokens (%lld MiB budget, %lld bytes per block)\n",
                 s.capacity.blocks, engine::kBlockTokens, s.capacity.tokens(), s.budget_bytes / kMiB,
                 s.capacity.block_bytes);
+    const model::ChatTemplate* chat =
+        a.server.chat_template ? a.server.chat_template.get() : s.limits->chat_template.get();
+    if (chat)
+      std::printf("fp4kv serve: chat completions through the chat template of %s\n", chat->origin().c_str());
+    else
+      std::printf("fp4kv serve: no chat template (give one with --chat-template): /v1/chat/completions answers 400\n");
     std::printf("fp4kv serve: listening on http://%s:%d\n", a.server.host.c_str(), port);
     std::fflush(stdout);
   } catch (...) {
@@ -131,6 +138,9 @@ int run_serve(ServeArgs& a) {
   require(a.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got " + std::to_string(a.prefill_chunk));
   check_gemm_plans(a.gemm_plans);
   (void)parse_recipe(a.kv);  // a bad --kv fails before the port is taken
+  if (!a.chat_template.empty())  // and a template that does not parse
+    a.server.chat_template =
+        std::make_shared<const model::ChatTemplate>(model::ChatTemplate::from_file(a.chat_template, a.model_dir));
   a.server.http_threads = std::max(a.server.http_threads, 2 * a.max_batch);  // streams hold a thread each
   install_shutdown_signals();
   Loaded loaded;  // declared before the server: destroyed after it
@@ -164,8 +174,9 @@ int run_serve(ServeArgs& a) {
 
 Action add_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
-  CLI::App* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions) over the engine");
-  sub->add_option("--model", a->model_dir, "Hugging Face Qwen3 checkpoint directory (byte tokenizer)")->capture_default_str();
+  CLI::App* sub =
+      app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat completions) over the engine");
+  sub->add_option("--model", a->model_dir, "Hugging Face Qwen3 checkpoint directory")->capture_default_str();
   sub->add_option("--kv", a->kv, "KV-cache recipe: PRESET[:switch,...]")->capture_default_str();
   sub->add_option("--calibration", a->calibration, "calibration file (default: beside the model)");
   sub->add_option("--host", a->server.host, "address to listen on (loopback by default)")->capture_default_str();
@@ -188,6 +199,9 @@ Action add_serve(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--gemm-plans", a->gemm_plans, kGemmPlansHelp)->capture_default_str();
   sub->add_option("--api-key", a->server.api_key, "require `Authorization: Bearer KEY` on /v1/*");
+  sub->add_option("--chat-template", a->chat_template,
+                  "Jinja chat template file for /v1/chat/completions (default: the checkpoint's chat_template.jinja "
+                  "or tokenizer_config.json chat_template)");
   return [a] { return run_serve(*a); };
 }
 

@@ -231,6 +231,31 @@ Qwen3Config Qwen3Config::parse(const std::string& json_text, const std::string& 
   return c;
 }
 
+namespace {
+
+// generation_config.json's eos_token_id (one id or a list) joins config.json's: chat models
+// end a turn with a token config.json may not name (Qwen3's <|im_end|> beside
+// <|endoftext|>), and transformers' generate and vLLM stop at both.
+void add_generation_eos(const std::string& dir, Qwen3Config& c) {
+  const std::filesystem::path path = std::filesystem::path(dir) / "generation_config.json";
+  if (!std::filesystem::is_regular_file(path)) return;
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) throw Error(path.string() + " is not a JSON object");
+  if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return;
+  const json& e = j["eos_token_id"];
+  std::vector<json> ids = e.is_array() ? std::vector<json>(e.begin(), e.end()) : std::vector<json>{e};
+  for (const json& id : ids) {
+    if (!id.is_number_integer() || id.get<long long>() < 0 || id.get<long long>() >= c.vocab_size)
+      throw Error(path.string() + ": 'eos_token_id' must hold token ids below vocab_size, got " + e.dump());
+    if (!c.is_eos(id.get<int>())) c.eos_token_ids.push_back(id.get<int>());
+  }
+}
+
+}  // namespace
+
 Qwen3Config Qwen3Config::load_dir(const std::string& dir) {
   namespace fs = std::filesystem;
   if (!fs::exists(dir)) throw Error("model directory " + dir + " does not exist");
@@ -241,7 +266,9 @@ Qwen3Config Qwen3Config::load_dir(const std::string& dir) {
   if (!in) throw Error("model directory " + dir + " has no config.json");
   std::stringstream text;
   text << in.rdbuf();
-  return parse(text.str(), path.string());
+  Qwen3Config c = parse(text.str(), path.string());
+  add_generation_eos(dir, c);
+  return c;
 }
 
 }  // namespace fp4kv::model

@@ -45,7 +45,8 @@ struct Qwen3Config {
 
   // Parses and validates config.json text; `source` names it in error messages.
   static Qwen3Config parse(const std::string& json_text, const std::string& source = "config.json");
-  // Reads <dir>/config.json.
+  // Reads <dir>/config.json (and generation_config.json's eos_token_id, when present, added to
+  // eos_token_ids).
   static Qwen3Config load_dir(const std::string& dir);
 };
 

@@ -1,12 +1,15 @@
 #include "fp4kv/serve/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 
 namespace fp4kv::serve {
 
 namespace {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 // Stop strings per request at most (OpenAI allows 4; a few more cost nothing).
 constexpr size_t kMaxStopStrings = 16;
@@ -146,11 +149,16 @@ ApiError bad_request(const std::string& message, const std::string& code) {
   return ApiError(kHttpBadRequest, "invalid_request_error", code, message);
 }
 
-CompletionRequest parse_completion_request(const std::string& body_text, const ModelLimits& limits) {
-  const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+namespace {
+
+json parse_body(const std::string& body_text) {
+  json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) throw bad_request("the request body is not valid JSON", "invalid_json");
   if (!body.is_object()) throw bad_request("the request body must be a JSON object, got " + type_name(body), "invalid_json");
-  CompletionRequest r;
+  return body;
+}
+
+void check_model(const json& body, const ModelLimits& limits) {
   if (const json* m = field(body, "model")) {
     if (!m->is_string()) throw wrong_type("model", "a string", *m);
     if (m->get<std::string>() != limits.model_name)
@@ -158,20 +166,20 @@ CompletionRequest parse_completion_request(const std::string& body_text, const M
                      "model '" + m->get<std::string>() + "' is not served here; this server serves '" +
                          limits.model_name + "'");
   }
-  parse_prompt(body, limits, r);
-  r.params.max_tokens = kDefaultMaxTokens;
-  if (const json* v = field(body, "max_tokens")) {
-    const long long n = integer_field(*v, "max_tokens");
-    if (n < 1) throw bad_request("'max_tokens' must be >= 1, got " + v->dump());
-    if (n >= limits.context)
-      throw bad_request("'max_tokens' = " + v->dump() + " is beyond the model's context of " +
-                        std::to_string(limits.context) + " tokens (prompt included)", "context_length_exceeded");
-    r.params.max_tokens = int(n);
-  }
-  if (r.prompt_is_tokens && (long long)r.prompt_tokens.size() + r.params.max_tokens > limits.context)
-    throw bad_request("prompt (" + std::to_string(r.prompt_tokens.size()) + " tokens) + max_tokens (" +
-                      std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
-                      std::to_string(limits.context) + " tokens", "context_length_exceeded");
+}
+
+void parse_max_tokens(const json& v, const std::string& name, const ModelLimits& limits, CompletionRequest& r) {
+  const long long n = integer_field(v, name);
+  if (n < 1) throw bad_request("'" + name + "' must be >= 1, got " + v.dump());
+  if (n >= limits.context)
+    throw bad_request("'" + name + "' = " + v.dump() + " is beyond the model's context of " +
+                      std::to_string(limits.context) + " tokens (prompt included)", "context_length_exceeded");
+  r.params.max_tokens = int(n);
+  r.max_tokens_given = true;
+}
+
+// The options completions and chat completions share: n, sampling, stop, streaming, EOS.
+void parse_options(const json& body, CompletionRequest& r) {
   if (const json* v = field(body, "n"); v && integer_field(*v, "n") != 1)
     throw bad_request("'n' must be 1 (one completion per request), got " + v->dump(), "unsupported");
   parse_sampling(body, r);
@@ -182,6 +190,23 @@ CompletionRequest parse_completion_request(const std::string& body_text, const M
     if (const json* u = field(*v, "include_usage")) r.include_usage = bool_field(*u, "stream_options.include_usage");
   }
   if (const json* v = field(body, "ignore_eos")) r.params.stop_at_eos = !bool_field(*v, "ignore_eos");
+  if (const json* v = field(body, "user"); v && !v->is_string()) throw wrong_type("user", "a string", *v);
+  refuse_unsupported(body);
+}
+
+}  // namespace
+
+CompletionRequest parse_completion_request(const std::string& body_text, const ModelLimits& limits) {
+  const json body = parse_body(body_text);
+  check_model(body, limits);
+  CompletionRequest r;
+  parse_prompt(body, limits, r);
+  r.params.max_tokens = kDefaultMaxTokens;
+  if (const json* v = field(body, "max_tokens")) parse_max_tokens(*v, "max_tokens", limits, r);
+  if (r.prompt_is_tokens && (long long)r.prompt_tokens.size() + r.params.max_tokens > limits.context)
+    throw bad_request("prompt (" + std::to_string(r.prompt_tokens.size()) + " tokens) + max_tokens (" +
+                      std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
+                      std::to_string(limits.context) + " tokens", "context_length_exceeded");
   if (const json* v = field(body, "logprobs")) {
     const long long n = integer_field(*v, "logprobs");
     if (n < 0 || n > engine::kMaxTopLogprobs)
@@ -189,8 +214,124 @@ CompletionRequest parse_completion_request(const std::string& body_text, const M
                         " (alternatives per token), got " + v->dump());
     r.params.logprobs = int(n);
   }
-  if (const json* v = field(body, "user"); v && !v->is_string()) throw wrong_type("user", "a string", *v);
-  refuse_unsupported(body);
+  parse_options(body, r);
+  return r;
+}
+
+namespace {
+
+constexpr const char* kChatRoles[] = {"system", "developer", "user", "assistant", "tool"};
+
+// A message's content as the template sees it: a string (text parts joined with newlines, as
+// vLLM joins them for templates that take a string), or null.
+ordered_json message_content(const ordered_json& content, const std::string& where, bool may_be_null) {
+  if (content.is_string()) return content;
+  if (content.is_null()) {
+    if (!may_be_null) throw bad_request("'" + where + ".content' is required");
+    return content;
+  }
+  if (!content.is_array())
+    throw bad_request("'" + where + ".content' must be a string or a list of text parts", "invalid_type");
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const ordered_json& part = content[i];
+    const std::string at = where + ".content[" + std::to_string(i) + "]";
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      throw bad_request("'" + at + "' must be an object with a 'type'", "invalid_type");
+    if (part["type"] != "text")
+      throw bad_request("'" + at + "' is a '" + part["type"].get<std::string>() +
+                        "' part; this server serves a text model (text parts only)", "unsupported");
+    if (!part.contains("text") || !part["text"].is_string())
+      throw bad_request("'" + at + ".text' must be a string", "invalid_type");
+    text += (i ? "\n" : "") + part["text"].get<std::string>();
+  }
+  return text;
+}
+
+std::string parse_messages(const ordered_json& body) {
+  const auto it = body.find("messages");
+  if (it == body.end() || it->is_null()) throw bad_request("'messages' is required", "missing_field");
+  if (!it->is_array() || it->empty())
+    throw bad_request("'messages' must be a non-empty list of messages", "invalid_type");
+  ordered_json messages = ordered_json::array();
+  for (size_t i = 0; i < it->size(); ++i) {
+    const ordered_json& m = (*it)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw bad_request("'" + where + "' must be an object", "invalid_type");
+    if (!m.contains("role") || !m["role"].is_string())
+      throw bad_request("'" + where + ".role' must be a string", "invalid_type");
+    const std::string role = m["role"].get<std::string>();
+    if (std::find(std::begin(kChatRoles), std::end(kChatRoles), role) == std::end(kChatRoles))
+      throw bad_request("'" + where + ".role' = '" + role + "' is not one of system, developer, user, assistant, tool");
+    ordered_json message = m;
+    message["content"] = message_content(m.contains("content") ? m["content"] : ordered_json(nullptr), where,
+                                         role == "assistant");
+    messages.push_back(std::move(message));
+  }
+  return messages.dump();
+}
+
+// tools: rendered into the prompt, with tool_choice "none" only (no tool-call parsing here).
+std::string parse_tools(const ordered_json& body) {
+  const auto tools = body.find("tools");
+  if (tools == body.end() || tools->is_null() || (tools->is_array() && tools->empty())) return "";
+  if (!tools->is_array()) throw bad_request("'tools' must be a list", "invalid_type");
+  const auto choice = body.find("tool_choice");
+  if (choice == body.end() || !(choice->is_string() && *choice == "none"))
+    throw bad_request("tool calls are not parsed from the model's output by this server: send 'tool_choice': "
+                      "\"none\" to render the tools into the prompt and get the reply as text",
+                      "unsupported");
+  return tools->dump();
+}
+
+void refuse_unsupported_chat(const json& body) {
+  if (const json* v = field(body, "continue_final_message"); v && !(v->is_boolean() && !v->get<bool>()))
+    throw bad_request("'continue_final_message' is not supported", "unsupported");
+  if (field(body, "chat_template")) throw bad_request("a per-request 'chat_template' is not supported", "unsupported");
+  if (const json* v = field(body, "parallel_tool_calls"); v && !v->is_boolean())
+    throw wrong_type("parallel_tool_calls", "a boolean", *v);
+  if (const json* v = field(body, "response_format"); v && !(v->is_object() && v->value("type", "") == "text"))
+    throw bad_request("'response_format' other than {\"type\": \"text\"} is not supported", "unsupported");
+}
+
+void parse_chat_logprobs(const json& body, CompletionRequest& r) {
+  const bool wanted = field(body, "logprobs") && bool_field(*field(body, "logprobs"), "logprobs");
+  if (const json* v = field(body, "top_logprobs")) {
+    const long long n = integer_field(*v, "top_logprobs");
+    if (n < 0 || n > engine::kMaxTopLogprobs)
+      throw bad_request("'top_logprobs' must be 0.." + std::to_string(engine::kMaxTopLogprobs) + ", got " + v->dump());
+    if (!wanted) throw bad_request("'top_logprobs' needs 'logprobs': true");
+    r.params.logprobs = int(n);
+  } else if (wanted) {
+    r.params.logprobs = 0;
+  }
+}
+
+}  // namespace
+
+ChatRequest parse_chat_request(const std::string& body_text, const ModelLimits& limits) {
+  const json body = parse_body(body_text);
+  const ordered_json ordered = ordered_json::parse(body_text);  // key order kept for the template
+  check_model(body, limits);
+  ChatRequest r;
+  r.options.chat = true;
+  r.conversation.messages_json = parse_messages(ordered);
+  r.conversation.tools_json = parse_tools(ordered);
+  if (const auto kw = ordered.find("chat_template_kwargs"); kw != ordered.end() && !kw->is_null()) {
+    if (!kw->is_object()) throw bad_request("'chat_template_kwargs' must be an object", "invalid_type");
+    r.conversation.variables_json = kw->dump();
+  }
+  if (const json* v = field(body, "add_generation_prompt"))
+    r.conversation.add_generation_prompt = bool_field(*v, "add_generation_prompt");
+  const json* max_completion = field(body, "max_completion_tokens");
+  const json* max_tokens = field(body, "max_tokens");
+  if (max_completion && max_tokens && *max_completion != *max_tokens)
+    throw bad_request("'max_completion_tokens' and 'max_tokens' differ; send one");
+  if (max_completion) parse_max_tokens(*max_completion, "max_completion_tokens", limits, r.options);
+  else if (max_tokens) parse_max_tokens(*max_tokens, "max_tokens", limits, r.options);
+  parse_chat_logprobs(body, r.options);
+  refuse_unsupported_chat(body);
+  parse_options(body, r.options);
   return r;
 }
 
@@ -250,6 +391,56 @@ json completion_chunk_json(const std::string& id, const std::string& model, long
               {"finish_reason", reason ? json(reason) : json(nullptr)}};
   j["choices"] = json::array({choice});
   return j;
+}
+
+json chat_completion_json(const std::string& id, const std::string& model, long long created, const std::string& text,
+                          engine::FinishReason finish, const Usage& usage, const json& logprobs) {
+  const char* reason = openai_finish_reason(finish);
+  json choice{{"index", 0},
+              {"message", {{"role", "assistant"}, {"content", sanitize_utf8(text)}}},
+              {"logprobs", logprobs},
+              {"finish_reason", reason ? json(reason) : json(nullptr)}};
+  return json{{"id", id},       {"object", "chat.completion"},    {"created", created},
+              {"model", model}, {"choices", json::array({choice})}, {"usage", usage_json(usage)}};
+}
+
+json chat_chunk_json(const std::string& id, const std::string& model, long long created, const json& delta,
+                     engine::FinishReason finish, const std::optional<Usage>& usage, const json& logprobs) {
+  json j{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model}};
+  if (usage) {
+    j["choices"] = json::array();
+    j["usage"] = usage_json(*usage);
+    return j;
+  }
+  const char* reason = openai_finish_reason(finish);
+  json choice{{"index", 0}, {"delta", delta}, {"logprobs", logprobs},
+              {"finish_reason", reason ? json(reason) : json(nullptr)}};
+  j["choices"] = json::array({choice});
+  return j;
+}
+
+namespace {
+
+// {token, logprob, bytes}: the token's text made valid UTF-8 and its raw bytes.
+json chat_token_json(const std::string& piece, float logprob) {
+  json bytes = json::array();
+  for (unsigned char b : piece) bytes.push_back(int(b));
+  return json{{"token", sanitize_utf8(piece)}, {"logprob", logprob}, {"bytes", bytes}};
+}
+
+}  // namespace
+
+json chat_logprobs_json(const std::vector<int>& tokens, const std::vector<engine::TokenLogprobs>& lp,
+                        const engine::Detokenize& decode) {
+  json content = json::array();
+  for (size_t i = 0; i < tokens.size() && i < lp.size(); ++i) {
+    json entry = chat_token_json(decode({tokens[i]}), lp[i].logprob);
+    json top = json::array();
+    for (const auto& [token, logprob] : lp[i].top) top.push_back(chat_token_json(decode({token}), logprob));
+    entry["top_logprobs"] = std::move(top);
+    content.push_back(std::move(entry));
+  }
+  return json{{"content", content}};
 }
 
 std::string sse_event(const json& payload) { return "data: " + payload.dump() + "\n\n"; }

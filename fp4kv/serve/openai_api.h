@@ -1,15 +1,17 @@
-// The OpenAI completions API as plain data: a request body (JSON) checked and turned into the
-// engine's RequestParams, responses and server-sent-event chunks built from the engine's
-// tokens, and the JSON error body. No HTTP here (server.h owns the sockets), so every rule a
+// The OpenAI completions and chat completions APIs as plain data: a request body (JSON)
+// checked and turned into the engine's RequestParams (and, for chat, the conversation the chat
+// template renders), responses and server-sent-event chunks built from the engine's tokens,
+// and the JSON error body. No HTTP here (server.h owns the sockets), so every rule a
 // client can trip over is testable without a network.
 //
-// Invariants: parse_completion_request either returns a request the engine can take or
-// throws ApiError (status 400/404) naming the bad field; every string put into JSON is valid
+// Invariants: parse_completion_request and parse_chat_request either return a request the
+// engine can take or throw ApiError (status 400/404) naming the bad field; every string put into JSON is valid
 // UTF-8 (byte-level tokens may split a character: utf8_complete_prefix holds the tail back
 // while streaming, sanitize_utf8 replaces what is invalid), so dumping never throws.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -18,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fp4kv/engine/engine.h"
+#include "fp4kv/model/chat_template.h"
 #include "fp4kv/model/unicode_text.h"
 
 namespace fp4kv::serve {
@@ -58,9 +61,11 @@ struct CompletionRequest {
   std::string prompt_text;         // otherwise the prompt text
   bool prompt_is_tokens = false;
   engine::RequestParams params;
+  bool max_tokens_given = false;   // else params.max_tokens is the endpoint's default
   bool seeded = false;             // the client gave a seed (else the server draws one)
   bool stream = false;
   bool include_usage = false;      // stream_options.include_usage: a last chunk with usage
+  bool chat = false;               // a chat completion: chat.completion objects and chunks
 };
 
 // What the served model accepts, for the checks the engine cannot word for a client.
@@ -68,12 +73,36 @@ struct ModelLimits {
   std::string model_name;  // the id of GET /v1/models; a request naming another model is 404
   int vocab_size = 0;
   int context = 0;         // max positions (prompt + generated)
+  // The checkpoint's chat template (model/chat_template.h); null: chat completions answer 400.
+  std::shared_ptr<const model::ChatTemplate> chat_template;
 };
 
 // Throws ApiError naming the field: malformed JSON, a known field of the wrong type or out of
 // range, n != 1, unsupported options set (echo, logprobs, best_of, suffix, penalties), a
 // prompt that is not one string or one list of token ids, max_tokens beyond the context.
 CompletionRequest parse_completion_request(const std::string& body, const ModelLimits& limits);
+
+// A chat completion: the conversation the chat template renders into the prompt, and the
+// options a completion has (prompt fields unset: the server fills them from the rendering).
+struct ChatRequest {
+  model::ChatInput conversation;
+  CompletionRequest options;
+};
+
+// Chat completions' maximum tokens when the client sets none and the model's context is
+// unbounded (with a bounded context the default is the rest of it, as vLLM's).
+inline constexpr int kDefaultChatMaxTokensUnbounded = 4096;
+
+// Throws ApiError naming the field. messages: a non-empty list of {role, content}, role one
+// of system, developer, user, assistant, tool; content a string, a list of text parts
+// (joined with newlines) or null (assistant only); other message fields (name, tool_calls,
+// tool_call_id, reasoning_content) go to the template as sent. max_completion_tokens or
+// max_tokens; logprobs (bool) with top_logprobs; chat_template_kwargs (template variables);
+// add_generation_prompt. Tools render into the prompt only with tool_choice "none": the
+// server does not parse tool calls out of the model's text. Refused: n != 1,
+// continue_final_message, a per-request chat_template, non-text content parts, and the
+// completion options refused there.
+ChatRequest parse_chat_request(const std::string& body, const ModelLimits& limits);
 
 // OpenAI's finish_reason: eos and stop strings are "stop", max_tokens "length"; a request the
 // server cancelled (shutdown) ends with "cancelled".
@@ -107,6 +136,19 @@ nlohmann::json completion_chunk_json(const std::string& id, const std::string& m
                                      const std::string& text, engine::FinishReason finish,
                                      const std::optional<Usage>& usage = std::nullopt,
                                      const nlohmann::json& logprobs = nullptr);
+// The chat forms: a chat.completion object (message {role: assistant, content}); a
+// chat.completion.chunk with `delta` ({"role": "assistant", "content": ""} first, then
+// {"content": piece}, {} with the finish reason; no choices on the usage chunk); and chat
+// logprobs ({"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}).
+nlohmann::json chat_completion_json(const std::string& id, const std::string& model, long long created,
+                                    const std::string& text, engine::FinishReason finish, const Usage& usage,
+                                    const nlohmann::json& logprobs = nullptr);
+nlohmann::json chat_chunk_json(const std::string& id, const std::string& model, long long created,
+                               const nlohmann::json& delta, engine::FinishReason finish,
+                               const std::optional<Usage>& usage = std::nullopt,
+                               const nlohmann::json& logprobs = nullptr);
+nlohmann::json chat_logprobs_json(const std::vector<int>& tokens, const std::vector<engine::TokenLogprobs>& logprobs,
+                                  const engine::Detokenize& decode);
 // `data: <json>\n\n`, and the terminator `data: [DONE]\n\n`.
 std::string sse_event(const nlohmann::json& payload);
 inline constexpr const char* kSseDone = "data: [DONE]\n\n";

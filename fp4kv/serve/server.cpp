@@ -7,6 +7,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <climits>
 #include <random>
 #include <thread>
 
@@ -44,7 +45,7 @@ bool same_secret(const std::string& a, const std::string& b) {
   return diff == 0 && !b.empty();
 }
 
-std::string completion_id(uint64_t id) { return "cmpl-" + std::to_string(id); }
+std::string completion_id(uint64_t id, bool chat) { return (chat ? "chatcmpl-" : "cmpl-") + std::to_string(id); }
 
 // The error type of a status, for errors httplib raises itself (404, 413, ...).
 std::string error_type(int status) {
@@ -65,6 +66,8 @@ struct HttpServer::Stream {
   int completion_tokens = 0;
   bool include_usage = false;
   bool logprobs = false;     // the request asked for log-probabilities
+  bool chat = false;         // chat.completion.chunk events
+  bool role_sent = false;    // a chat stream's first event (the assistant role) is written
   size_t text_offset = 0;    // bytes of the completion the engine produced so far (logprobs' text_offset)
   std::string held;  // bytes of a UTF-8 character not yet complete
   bool ended = false;  // the engine's stream was read to its end
@@ -264,35 +267,69 @@ void HttpServer::routes() {
                      {"owned_by", "fp4kv"},     {"max_model_len", model_.context}};
     res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), kJson);
   });
-  http_->Post("/v1/chat/completions", [this](const Request&, Response& res) {
-    send_error(res, kHttpBadRequest,
-               "chat completions are not served (no chat template is applied); use POST /v1/completions with "
-               "a prompt",
-               "invalid_request_error", "no_chat_template");
-  });
+  http_->Post("/v1/chat/completions", [this](const Request& req, Response& res) { chat_completions(req, res); });
   http_->Post("/v1/completions", [this](const Request& req, Response& res) { completions(req, res); });
 }
 
 void HttpServer::completions(const httplib::Request& req, httplib::Response& res) {
   try {
     CompletionRequest r = parse_completion_request(req.body, model_);
-    std::vector<int> prompt = r.prompt_is_tokens ? r.prompt_tokens : codec_.encode(r.prompt_text);
-    if ((long long)prompt.size() + r.params.max_tokens > model_.context)
-      throw ApiError(kHttpBadRequest, "invalid_request_error", "context_length_exceeded",
-                     "prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
-                         std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
-                         std::to_string(model_.context) + " tokens");
-    if (!r.seeded) r.params.sampling.seed = std::random_device{}();  // request_id 0: the engine's id
-    const int prompt_tokens = int(prompt.size());
-    const uint64_t id = admit(prompt, r.params);
-    if (r.stream)
-      respond_stream(r, id, prompt_tokens, res);
-    else
-      respond_whole(r, id, prompt_tokens, res);
+    generate(r, r.prompt_is_tokens ? r.prompt_tokens : codec_.encode(r.prompt_text), res);
   } catch (const ApiError& e) {
     metrics_.request_finished(false);
     send_error(res, e);
   }
+}
+
+const model::ChatTemplate* HttpServer::chat_template() const {
+  return config_.chat_template ? config_.chat_template.get() : model_.chat_template.get();
+}
+
+void HttpServer::chat_completions(const httplib::Request& req, httplib::Response& res) {
+  try {
+    ChatRequest r = parse_chat_request(req.body, model_);
+    const model::ChatTemplate* chat = chat_template();
+    if (chat == nullptr)
+      throw ApiError(kHttpBadRequest, "invalid_request_error", "no_chat_template",
+                     "model '" + model_.model_name + "' has no chat template (no chat_template.jinja, none in "
+                     "tokenizer_config.json) and the server was started without --chat-template; use POST "
+                     "/v1/completions with a prompt");
+    std::string prompt_text;
+    try {
+      prompt_text = chat->render(r.conversation);
+    } catch (const model::jinja::RaisedError& e) {
+      throw bad_request(std::string("the chat template refuses this conversation: ") + e.what(),
+                        "chat_template_refused");
+    } catch (const model::jinja::TemplateError& e) {
+      throw bad_request(std::string("the chat template cannot render this conversation: ") + e.what(),
+                        "chat_template_error");
+    }
+    const std::vector<int> prompt = codec_.encode(prompt_text);
+    if (!r.options.max_tokens_given) {  // the rest of the context, as vLLM's default
+      const long long rest = (long long)model_.context - (long long)prompt.size();
+      r.options.params.max_tokens =
+          model_.context == INT_MAX ? kDefaultChatMaxTokensUnbounded : int(std::max(rest, 1LL));
+    }
+    generate(r.options, prompt, res);
+  } catch (const ApiError& e) {
+    metrics_.request_finished(false);
+    send_error(res, e);
+  }
+}
+
+void HttpServer::generate(CompletionRequest& r, const std::vector<int>& prompt, httplib::Response& res) {
+  if ((long long)prompt.size() + r.params.max_tokens > model_.context)
+    throw ApiError(kHttpBadRequest, "invalid_request_error", "context_length_exceeded",
+                   "prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
+                       std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
+                       std::to_string(model_.context) + " tokens");
+  if (!r.seeded) r.params.sampling.seed = std::random_device{}();  // request_id 0: the engine's id
+  const int prompt_tokens = int(prompt.size());
+  const uint64_t id = admit(prompt, r.params);
+  if (r.stream)
+    respond_stream(r, id, prompt_tokens, res);
+  else
+    respond_whole(r, id, prompt_tokens, res);
 }
 
 void HttpServer::respond_whole(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res) {
@@ -321,17 +358,41 @@ void HttpServer::respond_whole(const CompletionRequest& r, uint64_t id, int prom
     if (tokens.size() > 1) metrics_.observe_tpot(seconds_since(first) / double(tokens.size() - 1));
   }
   const Usage usage{prompt_tokens, int(tokens.size())};
-  const json lp = r.params.logprobs >= 0 ? logprobs_json(tokens, logprobs, codec_.decode, 0) : json(nullptr);
-  res.set_content(
-      completion_json(completion_id(id), model_.model_name, created_, codec_.decode(tokens), reason, usage, lp).dump(),
-      kJson);
+  const std::string name = completion_id(id, r.chat), text = codec_.decode(tokens);
+  if (r.chat) {
+    const json lp = r.params.logprobs >= 0 ? chat_logprobs_json(tokens, logprobs, codec_.decode) : json(nullptr);
+    res.set_content(chat_completion_json(name, model_.model_name, created_, text, reason, usage, lp).dump(), kJson);
+  } else {
+    const json lp = r.params.logprobs >= 0 ? logprobs_json(tokens, logprobs, codec_.decode, 0) : json(nullptr);
+    res.set_content(completion_json(name, model_.model_name, created_, text, reason, usage, lp).dump(), kJson);
+  }
   metrics_.request_finished(true);
+}
+
+// One event of a stream in its endpoint's form: text (a delta for chat; none: the closing
+// chunk), the finish reason, usage, log-probabilities of the chunk's tokens.
+json HttpServer::stream_chunk(const Stream& s, const std::optional<std::string>& text, engine::FinishReason finish,
+                              const std::optional<Usage>& usage, const engine::StreamChunk* tokens) const {
+  if (!s.chat) {
+    const json lp =
+        tokens ? logprobs_json(tokens->tokens, tokens->logprobs, codec_.decode, s.text_offset) : json(nullptr);
+    return completion_chunk_json(s.name, model_.model_name, s.created, text.value_or(""), finish, usage, lp);
+  }
+  const json lp = tokens ? chat_logprobs_json(tokens->tokens, tokens->logprobs, codec_.decode) : json(nullptr);
+  const json delta = text ? json{{"content", sanitize_utf8(*text)}} : json::object();
+  return chat_chunk_json(s.name, model_.model_name, s.created, delta, finish, usage, lp);
 }
 
 bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
   Stream* const s = &stream;
+  std::string events;
+  if (s->chat && !s->role_sent) {  // the assistant's role opens a chat stream (OpenAI's, vLLM's first chunk)
+    events += sse_event(chat_chunk_json(s->name, model_.model_name, s->created,
+                                        json{{"role", "assistant"}, {"content", ""}}, engine::FinishReason::none));
+    s->role_sent = true;
+  }
   const engine::StreamChunk c = engine_->next(s->id, kPollInterval);
-  if (c.timed_out) return sink.is_writable();
+  if (c.timed_out) return events.empty() ? sink.is_writable() : sink.write(events.data(), events.size());
   if (!c.tokens.empty() && s->completion_tokens == 0) s->first_token = Clock::now();
   s->completion_tokens += int(c.tokens.size());
   const std::string piece = codec_.decode(c.tokens);
@@ -339,22 +400,19 @@ bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
   const bool last = c.finished != engine::FinishReason::none;
   s->ended = last;
   const size_t ready = last ? s->held.size() : utf8_complete_prefix(s->held);
-  std::string events;
   // A chunk with tokens carries their log-probabilities even while its text waits for the
   // rest of a character.
   const bool with_logprobs = s->logprobs && !c.tokens.empty();
-  if (ready > 0 || with_logprobs) {
-    const json lp = with_logprobs ? logprobs_json(c.tokens, c.logprobs, codec_.decode, s->text_offset) : json(nullptr);
-    events += sse_event(completion_chunk_json(s->name, model_.model_name, s->created, s->held.substr(0, ready),
-                                              engine::FinishReason::none, std::nullopt, lp));
-  }
+  if (ready > 0 || with_logprobs)
+    events += sse_event(stream_chunk(*s, s->held.substr(0, ready), engine::FinishReason::none, std::nullopt,
+                                     with_logprobs ? &c : nullptr));
   s->text_offset += piece.size();
   s->held.erase(0, ready);
   if (last) {
-    events += sse_event(completion_chunk_json(s->name, model_.model_name, s->created, "", c.finished));
+    events += sse_event(stream_chunk(*s, std::nullopt, c.finished, std::nullopt, nullptr));
     if (s->include_usage)
-      events += sse_event(completion_chunk_json(s->name, model_.model_name, s->created, "", c.finished,
-                                                Usage{s->prompt_tokens, s->completion_tokens}));
+      events += sse_event(
+          stream_chunk(*s, std::nullopt, c.finished, Usage{s->prompt_tokens, s->completion_tokens}, nullptr));
     events += kSseDone;
   }
   if (!events.empty() && !sink.write(events.data(), events.size())) return false;
@@ -365,7 +423,8 @@ bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
 void HttpServer::respond_stream(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res) {
   auto s = std::make_shared<Stream>();
   s->id = id;
-  s->name = completion_id(id);
+  s->name = completion_id(id, r.chat);
+  s->chat = r.chat;
   s->created = created_;
   s->prompt_tokens = prompt_tokens;
   s->include_usage = r.include_usage;

@@ -1,8 +1,9 @@
 // `fp4kv serve`: an OpenAI-compatible HTTP server over the engine. Every completion goes
 // through Engine::submit and is read back with Engine::next; the engine's background worker
-// steps the continuous batch, so all clients share it. Endpoints: POST /v1/completions
-// (JSON or server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus);
-// POST /v1/chat/completions answers 400 (the byte-level checkpoints have no chat template).
+// steps the continuous batch, so all clients share it. Endpoints: POST /v1/completions and
+// POST /v1/chat/completions (JSON or server-sent events; a chat's messages become the prompt
+// through the chat template: the operator's --chat-template, else the checkpoint's; without
+// one it answers 400 no_chat_template), GET /v1/models, GET /health, GET /metrics.
 //
 // Invariants: every request the server submitted is either read to its end or cancelled and
 // drained (a client that leaves mid-stream cancels its request, so its blocks are freed);
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -44,6 +46,8 @@ struct ServerConfig {
   std::string api_key;             // non-empty: /v1/* need `Authorization: Bearer <key>`
   size_t max_body_bytes = kMaxBodyBytes;
   int http_threads = 16;           // connections served at once (a stream holds one)
+  // Renders chat completions instead of the checkpoint's own template (null: the checkpoint's).
+  std::shared_ptr<const model::ChatTemplate> chat_template;
 };
 
 class HttpServer {
@@ -73,8 +77,15 @@ class HttpServer {
   struct Stream;
   void routes();
   void completions(const httplib::Request& req, httplib::Response& res);
+  void chat_completions(const httplib::Request& req, httplib::Response& res);
+  // Submits `prompt` for `r` and answers with the whole completion or its stream. Throws ApiError.
+  void generate(CompletionRequest& r, const std::vector<int>& prompt, httplib::Response& res);
+  // The chat template in force, or null.
+  const model::ChatTemplate* chat_template() const;
   void respond_whole(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res);
   void respond_stream(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res);
+  nlohmann::json stream_chunk(const Stream& s, const std::optional<std::string>& text, engine::FinishReason finish,
+                              const std::optional<Usage>& usage, const engine::StreamChunk* tokens) const;
   // Reads the engine's next chunk and writes it as events; false when the client is gone.
   bool write_events(Stream& s, httplib::DataSink& sink);
   // Submits under the shutdown lock (a request submitted while shutting down is refused, so

@@ -20,6 +20,8 @@ ModelLimits model_limits(const std::string& model_dir, const model::Qwen3Config&
     limits.model_name = std::filesystem::path(model_dir).parent_path().filename().string();
   limits.vocab_size = c.vocab_size;
   limits.context = c.max_position_embeddings > 0 ? c.max_position_embeddings : INT_MAX;  // 0: not bounded
+  if (auto chat = model::ChatTemplate::for_model(model_dir))
+    limits.chat_template = std::make_shared<const model::ChatTemplate>(std::move(*chat));
   return limits;
 }
 

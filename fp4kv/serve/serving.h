@@ -17,7 +17,8 @@ namespace fp4kv::serve {
 // The tokenizer's encode and decode (model/tokenizer.h: bytes for pk8l, else tokenizer.json).
 engine::TextCodec text_codec(const model::Tokenizer& tokenizer);
 // The model id is the directory's name; the context is max_position_embeddings (unbounded
-// when the config has none).
+// when the config has none); the chat template is the checkpoint's (model/chat_template.h),
+// if it has one (a template that does not parse throws Error).
 ModelLimits model_limits(const std::string& model_dir, const model::Qwen3Config& config);
 // prefill_chunk: prompt tokens one request feeds per step at most, also the step's token
 // budget (decode tokens included; at least max_batch).

@@ -1,4 +1,5 @@
-// The completions request rules and the UTF-8 handling, without a network.
+// The completions and chat completions request rules, the response objects and the UTF-8
+// handling, without a network.
 #include "fp4kv/serve/openai_api.h"
 
 #include <gtest/gtest.h>
@@ -84,6 +85,99 @@ TEST(OpenAiApi, RefusesBadRequests) {
   EXPECT_EQ(status_of(R"({"prompt":"a","logprobs":true})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","model":"other"})"), 404);
   EXPECT_EQ(status_of(R"({"prompt":"a","unknown_field":{"x":1}})"), 200);  // unknown fields are ignored
+}
+
+int chat_status(const std::string& body) {
+  try {
+    parse_chat_request(body, limits());
+  } catch (const ApiError& e) {
+    return e.status();
+  }
+  return 200;
+}
+
+// A chat request: the conversation as the template will see it (text parts joined, other
+// message fields and key order kept), the shared options, the chat-only options.
+TEST(OpenAiApi, ParsesAChatRequest) {
+  const ChatRequest r = parse_chat_request(
+      R"({"model":"pk8l","messages":[{"role":"system","content":"S"},
+          {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+          {"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]},
+          {"role":"tool","content":"r","tool_call_id":"1"}],
+          "max_completion_tokens":7,"temperature":0,"stop":"x","stream":true,"logprobs":true,"top_logprobs":2,
+          "chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false,
+          "tools":[{"type":"function","function":{"name":"f","parameters":{"z":1,"a":2}}}],"tool_choice":"none"})",
+      limits());
+  EXPECT_TRUE(r.options.chat);
+  EXPECT_EQ(r.conversation.messages_json,
+            R"([{"role":"system","content":"S"},{"role":"user","content":"a\nb"},)"
+            R"({"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]},)"
+            R"({"role":"tool","content":"r","tool_call_id":"1"}])");
+  EXPECT_EQ(r.conversation.tools_json, R"([{"type":"function","function":{"name":"f","parameters":{"z":1,"a":2}}}])");
+  EXPECT_EQ(r.conversation.variables_json, R"({"enable_thinking":false})");
+  EXPECT_FALSE(r.conversation.add_generation_prompt);
+  EXPECT_EQ(r.options.params.max_tokens, 7);
+  EXPECT_TRUE(r.options.max_tokens_given);
+  EXPECT_EQ(r.options.params.logprobs, 2);
+  EXPECT_EQ(r.options.params.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(r.options.stream);
+  const ChatRequest plain = parse_chat_request(R"({"messages":[{"role":"user","content":"hi"}]})", limits());
+  EXPECT_FALSE(plain.options.max_tokens_given);
+  EXPECT_TRUE(plain.conversation.add_generation_prompt);
+  EXPECT_EQ(plain.options.params.logprobs, -1);
+  EXPECT_TRUE(plain.conversation.tools_json.empty());
+  EXPECT_EQ(parse_chat_request(R"({"messages":[{"role":"user","content":"hi"}],"logprobs":true})", limits())
+                .options.params.logprobs,
+            0);
+}
+
+TEST(OpenAiApi, RefusesBadChatRequests) {
+  const std::string user = R"("messages":[{"role":"user","content":"hi"}])";
+  EXPECT_EQ(chat_status("{" + user + "}"), 200);
+  EXPECT_EQ(chat_status(R"({})"), 400);
+  EXPECT_EQ(chat_status(R"({"messages":[]})"), 400);
+  EXPECT_EQ(chat_status(R"({"messages":"hi"})"), 400);
+  EXPECT_EQ(chat_status(R"({"messages":[{"content":"hi"}]})"), 400);
+  EXPECT_EQ(chat_status(R"({"messages":[{"role":"wizard","content":"hi"}]})"), 400);
+  EXPECT_EQ(chat_status(R"({"messages":[{"role":"user"}]})"), 400);
+  EXPECT_EQ(chat_status(R"({"messages":[{"role":"user","content":null}]})"), 400);
+  EXPECT_EQ(chat_status(R"({"messages":[{"role":"user","content":5}]})"), 400);
+  EXPECT_EQ(chat_status(R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})"), 400);
+  EXPECT_EQ(chat_status(R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"max_tokens":2,"max_completion_tokens":3})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"max_completion_tokens":64})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"top_logprobs":2})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"logprobs":3})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"n":2})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"continue_final_message":true})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"chat_template":"{{ x }}"})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"chat_template_kwargs":[1]})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"tools":[{"type":"function"}]})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"tools":[{"type":"function"}],"tool_choice":"auto"})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"tools":[{"type":"function"}],"tool_choice":"none"})"), 200);
+  EXPECT_EQ(chat_status("{" + user + R"(,"response_format":{"type":"json_object"}})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"model":"other"})"), 404);
+}
+
+TEST(OpenAiApi, ChatObjectsHaveOpenAisShape) {
+  const nlohmann::json whole = chat_completion_json("chatcmpl-1", "m", 5, "hi", engine::FinishReason::eos, Usage{3, 1});
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["choices"][0]["message"], nlohmann::json({{"role", "assistant"}, {"content", "hi"}}));
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(whole["usage"]["total_tokens"], 4);
+  const nlohmann::json chunk =
+      chat_chunk_json("chatcmpl-1", "m", 5, {{"content", "h"}}, engine::FinishReason::none);
+  EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+  EXPECT_EQ(chunk["choices"][0]["delta"]["content"], "h");
+  EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+  const engine::Detokenize decode = [](const std::vector<int>& t) { return std::string(size_t(t[0]), 'x'); };
+  std::vector<engine::TokenLogprobs> lp(1);
+  lp[0].logprob = -0.25f;
+  lp[0].top = {{2, -0.25f}};
+  const nlohmann::json j = chat_logprobs_json({2}, lp, decode);
+  EXPECT_EQ(j["content"][0]["token"], "xx");
+  EXPECT_EQ(j["content"][0]["bytes"], nlohmann::json({120, 120}));
+  EXPECT_EQ(j["content"][0]["top_logprobs"][0]["logprob"], -0.25);
 }
 
 TEST(OpenAiApi, Utf8HoldsBackIncompleteAndReplacesInvalid) {

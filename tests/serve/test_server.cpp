@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -49,12 +50,14 @@ CpuServeSetup pk8l_setup() {
 // A server on a background thread; stopped and joined on destruction.
 class RunningServer {
  public:
-  explicit RunningServer(const std::string& api_key = "", const CpuServeSetup& setup = pk8l_setup())
+  explicit RunningServer(const std::string& api_key = "", const CpuServeSetup& setup = pk8l_setup(),
+                         std::shared_ptr<const model::ChatTemplate> chat_template = nullptr)
       : serving_(load_cpu_serving(setup)) {
     ServerConfig c;
     c.host = "127.0.0.1";
     c.port = 0;
     c.api_key = api_key;
+    c.chat_template = std::move(chat_template);
     server_ = std::make_unique<HttpServer>(*serving_.engine, serving_.codec, serving_.limits, c);
     port_ = server_->bind();
     thread_ = std::thread([this] { server_->run(); });
@@ -98,8 +101,9 @@ json request(const std::string& prompt, int max_tokens, float temperature = 0, u
   return json{{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", temperature}, {"seed", seed}};
 }
 
-json post_json(httplib::Client& c, const json& body, int expect_status = 200) {
-  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+json post_json(httplib::Client& c, const json& body, int expect_status = 200,
+               const std::string& path = "/v1/completions") {
+  auto r = c.Post(path, body.dump(), "application/json");
   EXPECT_TRUE(r) << "no response";
   if (!r) return json();
   EXPECT_EQ(r->status, expect_status) << r->body;
@@ -182,6 +186,148 @@ TEST(Server, ASubwordCheckpointIsServedThroughItsTokenizer) {
   const json r = post_json(c, request("Hello, world!", 6));
   EXPECT_EQ(r["usage"]["prompt_tokens"].get<int>(), int(cases["encode"][1]["ids"].size()));
   EXPECT_EQ(r["choices"][0]["text"], alone(s.serving(), "Hello, world!", 6, 0, 0));
+}
+
+// A subword checkpoint whose tokenizer_config.json carries a chat template in the form of
+// Qwen3's (the fixture's, checked against Jinja2 in tests/model) and <|im_end|> as EOS.
+void write_chat_checkpoint(const std::string& dir) {
+  model::testing::write_bpe_checkpoint(dir);
+  const json fixture = model::testing::read_bpe_fixture("chat_template_cases.json");
+  const json config{
+      {"chat_template", fixture["templates"]["qwen3"]}, {"eos_token", "<|im_end|>"}, {"bos_token", nullptr}};
+  model::testing::write_text(dir + "/tokenizer_config.json", config.dump());
+}
+
+json chat_request(const json& messages, int max_tokens) {
+  return json{{"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}, {"seed", 0}};
+}
+
+CpuServeSetup chat_setup(const std::string& dir) {
+  CpuServeSetup setup;
+  setup.model_dir = dir;
+  setup.kv = "bf16";
+  setup.max_batch = 2;
+  return setup;
+}
+
+// A chat completion is the completion of the conversation as the template writes it: the
+// ChatML text, its markers encoded as the tokenizer's special tokens.
+TEST(Server, AChatCompletionIsTheCompletionOfTheRenderedConversation) {
+  model::testing::TempDir dir;
+  write_chat_checkpoint(dir.str());
+  RunningServer s("", chat_setup(dir.str()));
+  httplib::Client c = s.client();
+  const json messages = json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                     {{"role", "user"}, {"content", "Hello, world!"}}});
+  const std::string rendered =
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello, world!<|im_end|>\n<|im_start|>assistant\n";
+  const json r = post_json(c, chat_request(messages, 6), 200, "/v1/chat/completions");
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(r["choices"][0]["message"]["content"], alone(s.serving(), rendered, 6, 0, 0));
+  const std::vector<int> ids = s.serving().codec.encode(rendered);
+  EXPECT_EQ(r["usage"]["prompt_tokens"].get<int>(), int(ids.size()));
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 857), 3);  // <|im_start|> as one token each time
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 858), 2);  // <|im_end|>
+
+  // enable_thinking through chat_template_kwargs, text parts joined with a newline.
+  json body = chat_request(json::array({{{"role", "user"},
+                                         {"content", json::array({{{"type", "text"}, {"text", "Hello,"}},
+                                                                  {{"type", "text"}, {"text", "world!"}}})}}}),
+                           5);
+  body["chat_template_kwargs"] = {{"enable_thinking", false}};
+  const std::string no_think =
+      "<|im_start|>user\nHello,\nworld!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+  EXPECT_EQ(post_json(c, body, 200, "/v1/chat/completions")["choices"][0]["message"]["content"],
+            alone(s.serving(), no_think, 5, 0, 0));
+}
+
+// The stream: the assistant's role first, then content deltas that concatenate to the whole
+// reply, a last chunk with the finish reason, the usage chunk, [DONE]; logprobs per token.
+TEST(Server, AChatStreamConcatenatesToTheWholeReply) {
+  model::testing::TempDir dir;
+  write_chat_checkpoint(dir.str());
+  RunningServer s("", chat_setup(dir.str()));
+  httplib::Client c = s.client();
+  json body = chat_request(json::array({{{"role", "user"}, {"content", "The quick brown fox"}}}), 8);
+  body["logprobs"] = true;
+  body["top_logprobs"] = 2;
+  const json whole = post_json(c, body, 200, "/v1/chat/completions");
+  const int produced = whole["usage"]["completion_tokens"].get<int>();
+  ASSERT_EQ(whole["choices"][0]["logprobs"]["content"].size(), size_t(produced));
+  for (const json& t : whole["choices"][0]["logprobs"]["content"]) {
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(t["top_logprobs"].size(), 2u);
+    EXPECT_TRUE(t["bytes"].is_array());
+  }
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::string text, finish;
+  bool role_first = false, done = false, usage = false;
+  int events = 0;
+  size_t pos = 0, logprob_tokens = 0;
+  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = r->body.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos);
+    const std::string payload = r->body.substr(pos + 6, end - pos - 6);
+    pos = end + 2;
+    if (payload == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const json j = json::parse(payload);
+    EXPECT_EQ(j["object"], "chat.completion.chunk");
+    if (j["choices"].empty()) {
+      usage = j["usage"]["completion_tokens"].get<int>() == produced;
+      continue;
+    }
+    const json& delta = j["choices"][0]["delta"];
+    if (events++ == 0) role_first = delta.value("role", "") == "assistant";
+    if (delta.contains("content")) text += delta["content"].get<std::string>();
+    if (!j["choices"][0]["logprobs"].is_null()) logprob_tokens += j["choices"][0]["logprobs"]["content"].size();
+    if (!j["choices"][0]["finish_reason"].is_null()) finish = j["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(role_first);
+  EXPECT_EQ(text, whole["choices"][0]["message"]["content"]);
+  EXPECT_EQ(logprob_tokens, size_t(produced));
+  EXPECT_EQ(finish, whole["choices"][0]["finish_reason"]);
+  EXPECT_TRUE(usage);
+  EXPECT_TRUE(done);
+}
+
+// Without a template the endpoint says so; the operator's template serves any checkpoint and
+// its raise_exception is the client's 400; tools need tool_choice "none".
+TEST(Server, ChatErrorsSayWhy) {
+  {
+    RunningServer s;  // pk8l: no chat template
+    httplib::Client c = s.client();
+    const json e = post_json(c, chat_request(json::array({{{"role", "user"}, {"content", "hi"}}}), 4), 400,
+                             "/v1/chat/completions");
+    EXPECT_EQ(e["error"]["code"], "no_chat_template");
+  }
+  const auto chat = std::make_shared<const model::ChatTemplate>(
+      "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system prompts, please') }}{% endif %}"
+      "{{ m.content }}\n{% endfor %}",
+      "test", model::jinja::Dict{});
+  RunningServer s("", pk8l_setup(), chat);
+  httplib::Client c = s.client();
+  const json user = json::array({{{"role", "user"}, {"content", "The cat sat on the"}}});
+  EXPECT_EQ(post_json(c, chat_request(user, 6), 200, "/v1/chat/completions")["choices"][0]["message"]["content"],
+            alone(s.serving(), "The cat sat on the\n", 6, 0, 0));
+  const json refused = post_json(c, chat_request(json::array({{{"role", "system"}, {"content", "x"}}}), 4), 400,
+                                 "/v1/chat/completions");
+  EXPECT_EQ(refused["error"]["code"], "chat_template_refused");
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("no system prompts, please"), std::string::npos);
+  json tools = chat_request(user, 4);
+  tools["tools"] = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  EXPECT_EQ(post_json(c, tools, 400, "/v1/chat/completions")["error"]["code"], "unsupported");
+  tools["tool_choice"] = "none";
+  post_json(c, tools, 200, "/v1/chat/completions");
+  EXPECT_EQ(metric(s, "fp4kv_kv_blocks_used"), 0);
 }
 
 TEST(Server, StreamConcatenatesToTheWholeText) {
@@ -493,6 +639,13 @@ void serve_complete_and_stop(const std::vector<std::string>& extra) {
     const int produced = j["usage"]["completion_tokens"].get<int>();
     EXPECT_GE(produced, 1) << done->body;
     EXPECT_LE(produced, 6) << done->body;
+    // A chat completion when the command was given a template (pk8l has none of its own).
+    const bool templated = printed.find("chat completions through the chat template") != std::string::npos;
+    auto chat = c.Post("/v1/chat/completions",
+                       R"({"messages": [{"role": "user", "content": "The cat"}], "max_tokens": 4, "temperature": 0})",
+                       "application/json");
+    ASSERT_TRUE(chat);
+    EXPECT_EQ(chat->status, templated ? 200 : 400) << chat->body;
   }
   kill(pid, SIGTERM);
   int status = 0;
@@ -503,6 +656,26 @@ void serve_complete_and_stop(const std::vector<std::string>& extra) {
 }
 
 TEST(ServeCli, ServesAndExitsZeroOnSigterm) { serve_complete_and_stop({}); }
+
+TEST(ServeCli, ServesChatCompletionsThroughATemplateFile) {
+  model::testing::TempDir dir;
+  model::testing::write_text(dir / "chat.jinja", "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}");
+  serve_complete_and_stop({"--chat-template", dir / "chat.jinja"});
+}
+
+std::pair<int, std::string> serve_to_exit(const std::string& args);
+
+// A template file that is missing or outside the template language ends the command before
+// the port is taken, naming the file.
+TEST(ServeCli, ABadChatTemplateIsAClearError) {
+  model::testing::TempDir dir;
+  model::testing::write_text(dir / "bad.jinja", "{% for m in messages %}");
+  for (const std::string& file : {dir / "bad.jinja", dir / "missing.jinja"}) {
+    const auto [code, out] = serve_to_exit("--device cpu --port 0 --chat-template " + file);
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_NE(out.find(file), std::string::npos) << out;
+  }
+}
 
 // Every GEMM plan serves (on a CUDA machine the GPU engine times its candidates at start with
 // `tuned`; the CPU engine has no GEMM plans and ignores the option).

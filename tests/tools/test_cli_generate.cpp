@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "../model/fixtures.h"
@@ -103,6 +104,46 @@ TEST(CliGenerate, ASubwordCheckpointUsesItsTokenizerJson) {
                                         " --prompt 'Hello, world!' --max-tokens 3 --device cpu --kv nvfp4 2>&1 >/dev/null");
   ASSERT_EQ(nv.code, 0) << nv.output;
   EXPECT_NE(nv.output.find("kv nvfp4"), std::string::npos) << nv.output;
+}
+
+// --chat: the prompt as a user message (after a --system message) through the checkpoint's
+// chat template generates exactly what the rendered conversation generates as a plain prompt;
+// without a template, or with --system but no --chat, a clear error.
+TEST(CliGenerate, ChatRendersThePromptThroughTheTemplate) {
+  model::testing::TempDir dir;
+  model::testing::write_bpe_checkpoint(dir.str());
+  model::testing::write_text(
+      dir.str() + "/tokenizer_config.json",
+      nlohmann::json{{"chat_template", "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                                       "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}}
+          .dump());
+  model::testing::write_text(dir.str() + "/rendered.txt",
+                             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello, world!<|im_end|>\n"
+                             "<|im_start|>assistant\n");
+  const std::string common = cli_path() + " generate --model " + dir.str() + " --max-tokens 4 --device cpu --kv bf16";
+  const CliResult chat = run_cli_in_shell(common + " --chat --system 'Be brief.' --prompt 'Hello, world!' 2>" +
+                                          dir.str() + "/chat.err");
+  const CliResult plain = run_cli_in_shell(common + " --prompt-file " + dir.str() + "/rendered.txt 2>" + dir.str() +
+                                           "/plain.err");
+  ASSERT_EQ(chat.code, 0) << chat.output;
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  EXPECT_EQ(chat.output, plain.output);  // the generated text
+  auto prompt_tokens = [](const std::string& err_file) {
+    std::ifstream in(err_file);
+    const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = err.find("prompt ");
+    return at == std::string::npos ? std::string("none") : err.substr(at, err.find(" tokens", at) - at);
+  };
+  EXPECT_EQ(prompt_tokens(dir.str() + "/chat.err"), prompt_tokens(dir.str() + "/plain.err"));
+  EXPECT_NE(prompt_tokens(dir.str() + "/chat.err"), "none");
+
+  const CliResult none = run_cli("generate --model " + kModel + " --chat --prompt hi --max-tokens 2 --device cpu");
+  EXPECT_EQ(none.code, 2) << none.output;
+  EXPECT_NE(none.output.find("has no chat template"), std::string::npos) << none.output;
+  const CliResult system =
+      run_cli("generate --model " + kModel + " --system s --prompt hi --max-tokens 2 --device cpu");
+  EXPECT_EQ(system.code, 2) << system.output;
+  EXPECT_NE(system.output.find("--system and --chat-template need --chat"), std::string::npos) << system.output;
 }
 
 // --device cuda runs the GPU engine where a device is visible and is a clear error elsewhere
