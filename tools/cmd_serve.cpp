@@ -138,6 +138,8 @@ int run_serve(ServeArgs& a) {
   require(a.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got " + std::to_string(a.prefill_chunk));
   check_gemm_plans(a.gemm_plans);
   (void)parse_recipe(a.kv);  // a bad --kv fails before the port is taken
+  require(a.server.tool_call_parser.empty() || a.server.tool_call_parser == serve::kHermesToolCalls,
+          "--tool-call-parser: '" + a.server.tool_call_parser + "' is not a parser (hermes)");
   if (!a.chat_template.empty())  // and a template that does not parse
     a.server.chat_template =
         std::make_shared<const model::ChatTemplate>(model::ChatTemplate::from_file(a.chat_template, a.model_dir));
@@ -199,6 +201,9 @@ Action add_serve(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--gemm-plans", a->gemm_plans, kGemmPlansHelp)->capture_default_str();
   sub->add_option("--api-key", a->server.api_key, "require `Authorization: Bearer KEY` on /v1/*");
+  sub->add_option("--tool-call-parser", a->server.tool_call_parser,
+                  "hermes: <tool_call> blocks in chat replies become tool_calls (Qwen2.5, Qwen3, Hermes templates); "
+                  "without it chat requests with tools need tool_choice \"none\"");
   sub->add_option("--chat-template", a->chat_template,
                   "Jinja chat template file for /v1/chat/completions (default: the checkpoint's chat_template.jinja "
                   "or tokenizer_config.json chat_template)");

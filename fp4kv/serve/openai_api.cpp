@@ -271,16 +271,25 @@ std::string parse_messages(const ordered_json& body) {
   return messages.dump();
 }
 
-// tools: rendered into the prompt, with tool_choice "none" only (no tool-call parsing here).
-std::string parse_tools(const ordered_json& body) {
+// tools: rendered into the prompt. tool_choice "auto" (the default with tools) parses the
+// reply's calls, when the server parses them; "none" keeps the reply text.
+std::string parse_tools(const ordered_json& body, bool tool_call_parsing, bool& parse_calls) {
+  parse_calls = false;
   const auto tools = body.find("tools");
+  const auto choice = body.find("tool_choice");
+  const bool has_choice = choice != body.end() && !choice->is_null();
+  if (has_choice && !(choice->is_string() && (*choice == "none" || *choice == "auto")))
+    throw bad_request("'tool_choice' must be \"none\" or \"auto\" here (\"required\" and a named function need "
+                      "constrained decoding, which this server does not do)", "unsupported");
   if (tools == body.end() || tools->is_null() || (tools->is_array() && tools->empty())) return "";
   if (!tools->is_array()) throw bad_request("'tools' must be a list", "invalid_type");
-  const auto choice = body.find("tool_choice");
-  if (choice == body.end() || !(choice->is_string() && *choice == "none"))
-    throw bad_request("tool calls are not parsed from the model's output by this server: send 'tool_choice': "
-                      "\"none\" to render the tools into the prompt and get the reply as text",
-                      "unsupported");
+  if (!(has_choice && *choice == "none")) {
+    if (!tool_call_parsing)
+      throw bad_request("tool calls are not parsed from replies: start the server with --tool-call-parser hermes, "
+                        "or send 'tool_choice': \"none\" to render the tools into the prompt and get the reply as "
+                        "text", "unsupported");
+    parse_calls = true;
+  }
   return tools->dump();
 }
 
@@ -309,14 +318,14 @@ void parse_chat_logprobs(const json& body, CompletionRequest& r) {
 
 }  // namespace
 
-ChatRequest parse_chat_request(const std::string& body_text, const ModelLimits& limits) {
+ChatRequest parse_chat_request(const std::string& body_text, const ModelLimits& limits, bool tool_call_parsing) {
   const json body = parse_body(body_text);
   const ordered_json ordered = ordered_json::parse(body_text);  // key order kept for the template
   check_model(body, limits);
   ChatRequest r;
   r.options.chat = true;
   r.conversation.messages_json = parse_messages(ordered);
-  r.conversation.tools_json = parse_tools(ordered);
+  r.conversation.tools_json = parse_tools(ordered, tool_call_parsing, r.options.parse_tool_calls);
   if (const auto kw = ordered.find("chat_template_kwargs"); kw != ordered.end() && !kw->is_null()) {
     if (!kw->is_object()) throw bad_request("'chat_template_kwargs' must be an object", "invalid_type");
     r.conversation.variables_json = kw->dump();
@@ -393,30 +402,62 @@ json completion_chunk_json(const std::string& id, const std::string& model, long
   return j;
 }
 
-json chat_completion_json(const std::string& id, const std::string& model, long long created, const std::string& text,
-                          engine::FinishReason finish, const Usage& usage, const json& logprobs) {
+namespace {
+
+// OpenAI's finish_reason of a chat reply: "tool_calls" for one that called tools and ended
+// by itself.
+json chat_finish_reason(engine::FinishReason finish, bool called_tools) {
+  if (called_tools && (finish == engine::FinishReason::eos || finish == engine::FinishReason::stop))
+    return "tool_calls";
   const char* reason = openai_finish_reason(finish);
+  return reason ? json(reason) : json(nullptr);
+}
+
+json tool_call_json(const std::string& id, size_t index, const ToolCall& call) {
+  return json{{"id", id + "_" + std::to_string(index)},
+              {"type", "function"},
+              {"function", {{"name", sanitize_utf8(call.name)}, {"arguments", sanitize_utf8(call.arguments)}}}};
+}
+
+}  // namespace
+
+json chat_completion_json(const std::string& id, const std::string& model, long long created, const ParsedReply& reply,
+                          engine::FinishReason finish, const Usage& usage, const json& logprobs) {
+  json message{{"role", "assistant"}};
+  const bool has_content = reply.calls.empty() || !reply.content.empty();
+  message["content"] = has_content ? json(sanitize_utf8(reply.content)) : json(nullptr);
+  if (!reply.calls.empty()) {
+    message["tool_calls"] = json::array();
+    for (size_t i = 0; i < reply.calls.size(); ++i)
+      message["tool_calls"].push_back(tool_call_json(id, i, reply.calls[i]));
+  }
   json choice{{"index", 0},
-              {"message", {{"role", "assistant"}, {"content", sanitize_utf8(text)}}},
+              {"message", message},
               {"logprobs", logprobs},
-              {"finish_reason", reason ? json(reason) : json(nullptr)}};
+              {"finish_reason", chat_finish_reason(finish, !reply.calls.empty())}};
   return json{{"id", id},       {"object", "chat.completion"},    {"created", created},
               {"model", model}, {"choices", json::array({choice})}, {"usage", usage_json(usage)}};
 }
 
 json chat_chunk_json(const std::string& id, const std::string& model, long long created, const json& delta,
-                     engine::FinishReason finish, const std::optional<Usage>& usage, const json& logprobs) {
+                     engine::FinishReason finish, const std::optional<Usage>& usage, const json& logprobs,
+                     bool called_tools) {
   json j{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model}};
   if (usage) {
     j["choices"] = json::array();
     j["usage"] = usage_json(*usage);
     return j;
   }
-  const char* reason = openai_finish_reason(finish);
   json choice{{"index", 0}, {"delta", delta}, {"logprobs", logprobs},
-              {"finish_reason", reason ? json(reason) : json(nullptr)}};
+              {"finish_reason", chat_finish_reason(finish, called_tools)}};
   j["choices"] = json::array({choice});
   return j;
+}
+
+json tool_call_delta(const std::string& id, size_t index, const ToolCall& call) {
+  json c = tool_call_json(id, index, call);
+  c["index"] = index;
+  return json{{"tool_calls", json::array({c})}};
 }
 
 namespace {

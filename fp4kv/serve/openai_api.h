@@ -21,6 +21,7 @@
 
 #include "fp4kv/engine/engine.h"
 #include "fp4kv/model/chat_template.h"
+#include "fp4kv/serve/tool_calls.h"
 #include "fp4kv/model/unicode_text.h"
 
 namespace fp4kv::serve {
@@ -66,6 +67,7 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;      // stream_options.include_usage: a last chunk with usage
   bool chat = false;               // a chat completion: chat.completion objects and chunks
+  bool parse_tool_calls = false;   // chat with tools, tool_choice "auto": calls parsed from the reply
 };
 
 // What the served model accepts, for the checks the engine cannot word for a client.
@@ -98,11 +100,13 @@ inline constexpr int kDefaultChatMaxTokensUnbounded = 4096;
 // (joined with newlines) or null (assistant only); other message fields (name, tool_calls,
 // tool_call_id, reasoning_content) go to the template as sent. max_completion_tokens or
 // max_tokens; logprobs (bool) with top_logprobs; chat_template_kwargs (template variables);
-// add_generation_prompt. Tools render into the prompt only with tool_choice "none": the
-// server does not parse tool calls out of the model's text. Refused: n != 1,
+// add_generation_prompt. Tools render into the prompt; with tool_choice "auto" (the default
+// with tools) the reply's Hermes-form calls become tool_calls, which needs
+// `tool_call_parsing` (the server's --tool-call-parser hermes); "none" leaves the reply text;
+// "required" and a named function are refused (they need constrained decoding). Refused: n != 1,
 // continue_final_message, a per-request chat_template, non-text content parts, and the
 // completion options refused there.
-ChatRequest parse_chat_request(const std::string& body, const ModelLimits& limits);
+ChatRequest parse_chat_request(const std::string& body, const ModelLimits& limits, bool tool_call_parsing = false);
 
 // OpenAI's finish_reason: eos and stop strings are "stop", max_tokens "length"; a request the
 // server cancelled (shutdown) ends with "cancelled".
@@ -140,13 +144,18 @@ nlohmann::json completion_chunk_json(const std::string& id, const std::string& m
 // chat.completion.chunk with `delta` ({"role": "assistant", "content": ""} first, then
 // {"content": piece}, {} with the finish reason; no choices on the usage chunk); and chat
 // logprobs ({"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}).
+// With tool calls (tool_calls.h) the message's content is null when no text precedes them,
+// each call is {id: <id>_<i>, type: function, function: {name, arguments}}, and a reply
+// that ended by itself finishes with "tool_calls".
 nlohmann::json chat_completion_json(const std::string& id, const std::string& model, long long created,
-                                    const std::string& text, engine::FinishReason finish, const Usage& usage,
+                                    const ParsedReply& reply, engine::FinishReason finish, const Usage& usage,
                                     const nlohmann::json& logprobs = nullptr);
 nlohmann::json chat_chunk_json(const std::string& id, const std::string& model, long long created,
                                const nlohmann::json& delta, engine::FinishReason finish,
                                const std::optional<Usage>& usage = std::nullopt,
-                               const nlohmann::json& logprobs = nullptr);
+                               const nlohmann::json& logprobs = nullptr, bool called_tools = false);
+// A streamed call: {"tool_calls": [{index, id, type, function: {name, arguments}}]}.
+nlohmann::json tool_call_delta(const std::string& id, size_t index, const ToolCall& call);
 nlohmann::json chat_logprobs_json(const std::vector<int>& tokens, const std::vector<engine::TokenLogprobs>& logprobs,
                                   const engine::Detokenize& decode);
 // `data: <json>\n\n`, and the terminator `data: [DONE]\n\n`.

@@ -68,6 +68,7 @@ struct HttpServer::Stream {
   bool logprobs = false;     // the request asked for log-probabilities
   bool chat = false;         // chat.completion.chunk events
   bool role_sent = false;    // a chat stream's first event (the assistant role) is written
+  std::optional<ToolCallStream> tool_calls;  // a chat whose reply's tool calls are parsed
   size_t text_offset = 0;    // bytes of the completion the engine produced so far (logprobs' text_offset)
   std::string held;  // bytes of a UTF-8 character not yet complete
   bool ended = false;  // the engine's stream was read to its end
@@ -287,7 +288,7 @@ const model::ChatTemplate* HttpServer::chat_template() const {
 
 void HttpServer::chat_completions(const httplib::Request& req, httplib::Response& res) {
   try {
-    ChatRequest r = parse_chat_request(req.body, model_);
+    ChatRequest r = parse_chat_request(req.body, model_, config_.tool_call_parser == kHermesToolCalls);
     const model::ChatTemplate* chat = chat_template();
     if (chat == nullptr)
       throw ApiError(kHttpBadRequest, "invalid_request_error", "no_chat_template",
@@ -361,7 +362,8 @@ void HttpServer::respond_whole(const CompletionRequest& r, uint64_t id, int prom
   const std::string name = completion_id(id, r.chat), text = codec_.decode(tokens);
   if (r.chat) {
     const json lp = r.params.logprobs >= 0 ? chat_logprobs_json(tokens, logprobs, codec_.decode) : json(nullptr);
-    res.set_content(chat_completion_json(name, model_.model_name, created_, text, reason, usage, lp).dump(), kJson);
+    const ParsedReply reply = r.parse_tool_calls ? parse_tool_calls(text) : ParsedReply{text, {}};
+    res.set_content(chat_completion_json(name, model_.model_name, created_, reply, reason, usage, lp).dump(), kJson);
   } else {
     const json lp = r.params.logprobs >= 0 ? logprobs_json(tokens, logprobs, codec_.decode, 0) : json(nullptr);
     res.set_content(completion_json(name, model_.model_name, created_, text, reason, usage, lp).dump(), kJson);
@@ -381,6 +383,20 @@ json HttpServer::stream_chunk(const Stream& s, const std::optional<std::string>&
   const json lp = tokens ? chat_logprobs_json(tokens->tokens, tokens->logprobs, codec_.decode) : json(nullptr);
   const json delta = text ? json{{"content", sanitize_utf8(*text)}} : json::object();
   return chat_chunk_json(s.name, model_.model_name, s.created, delta, finish, usage, lp);
+}
+
+// At a parsed chat stream's end: the content held back (all of it when the blocks were not
+// calls after all) and one delta per call.
+std::string HttpServer::tool_call_events(Stream& s, bool& called_tools) const {
+  const ParsedReply rest = s.tool_calls->finish();
+  std::string events;
+  if (!rest.content.empty())
+    events += sse_event(stream_chunk(s, rest.content, engine::FinishReason::none, std::nullopt, nullptr));
+  for (size_t i = 0; i < rest.calls.size(); ++i)
+    events += sse_event(chat_chunk_json(s.name, model_.model_name, s.created, tool_call_delta(s.name, i, rest.calls[i]),
+                                        engine::FinishReason::none));
+  called_tools = !rest.calls.empty();
+  return events;
 }
 
 bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
@@ -403,13 +419,18 @@ bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
   // A chunk with tokens carries their log-probabilities even while its text waits for the
   // rest of a character.
   const bool with_logprobs = s->logprobs && !c.tokens.empty();
-  if (ready > 0 || with_logprobs)
-    events += sse_event(stream_chunk(*s, s->held.substr(0, ready), engine::FinishReason::none, std::nullopt,
-                                     with_logprobs ? &c : nullptr));
+  const std::string text = s->tool_calls ? s->tool_calls->feed(s->held.substr(0, ready)) : s->held.substr(0, ready);
+  if (!text.empty() || with_logprobs)
+    events += sse_event(
+        stream_chunk(*s, text, engine::FinishReason::none, std::nullopt, with_logprobs ? &c : nullptr));
   s->text_offset += piece.size();
   s->held.erase(0, ready);
   if (last) {
-    events += sse_event(stream_chunk(*s, std::nullopt, c.finished, std::nullopt, nullptr));
+    bool called_tools = false;
+    if (s->tool_calls) events += tool_call_events(*s, called_tools);
+    events += sse_event(s->chat ? chat_chunk_json(s->name, model_.model_name, s->created, json::object(), c.finished,
+                                                  std::nullopt, nullptr, called_tools)
+                                : stream_chunk(*s, std::nullopt, c.finished, std::nullopt, nullptr));
     if (s->include_usage)
       events += sse_event(
           stream_chunk(*s, std::nullopt, c.finished, Usage{s->prompt_tokens, s->completion_tokens}, nullptr));
@@ -425,6 +446,7 @@ void HttpServer::respond_stream(const CompletionRequest& r, uint64_t id, int pro
   s->id = id;
   s->name = completion_id(id, r.chat);
   s->chat = r.chat;
+  if (r.parse_tool_calls) s->tool_calls.emplace();
   s->created = created_;
   s->prompt_tokens = prompt_tokens;
   s->include_usage = r.include_usage;

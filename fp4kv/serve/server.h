@@ -39,6 +39,8 @@ namespace fp4kv::serve {
 
 // Request bodies above this are refused with 413 (a prompt of a whole context is far smaller).
 inline constexpr size_t kMaxBodyBytes = size_t(1) << 20;
+// The tool-call parser of --tool-call-parser (tool_calls.h).
+inline constexpr const char* kHermesToolCalls = "hermes";
 
 struct ServerConfig {
   std::string host = "127.0.0.1";  // loopback unless the operator says otherwise
@@ -48,6 +50,9 @@ struct ServerConfig {
   int http_threads = 16;           // connections served at once (a stream holds one)
   // Renders chat completions instead of the checkpoint's own template (null: the checkpoint's).
   std::shared_ptr<const model::ChatTemplate> chat_template;
+  // "hermes": chat replies' <tool_call> blocks become tool_calls (tools with tool_choice
+  // "auto" are served); empty: tools only with tool_choice "none".
+  std::string tool_call_parser;
 };
 
 class HttpServer {
@@ -86,6 +91,7 @@ class HttpServer {
   void respond_stream(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res);
   nlohmann::json stream_chunk(const Stream& s, const std::optional<std::string>& text, engine::FinishReason finish,
                               const std::optional<Usage>& usage, const engine::StreamChunk* tokens) const;
+  std::string tool_call_events(Stream& s, bool& called_tools) const;
   // Reads the engine's next chunk and writes it as events; false when the client is gone.
   bool write_events(Stream& s, httplib::DataSink& sink);
   // Submits under the shutdown lock (a request submitted while shutting down is refused, so

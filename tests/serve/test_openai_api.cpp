@@ -160,7 +160,8 @@ TEST(OpenAiApi, RefusesBadChatRequests) {
 }
 
 TEST(OpenAiApi, ChatObjectsHaveOpenAisShape) {
-  const nlohmann::json whole = chat_completion_json("chatcmpl-1", "m", 5, "hi", engine::FinishReason::eos, Usage{3, 1});
+  const nlohmann::json whole =
+      chat_completion_json("chatcmpl-1", "m", 5, ParsedReply{"hi", {}}, engine::FinishReason::eos, Usage{3, 1});
   EXPECT_EQ(whole["object"], "chat.completion");
   EXPECT_EQ(whole["choices"][0]["message"], nlohmann::json({{"role", "assistant"}, {"content", "hi"}}));
   EXPECT_EQ(whole["choices"][0]["finish_reason"], "stop");
@@ -178,6 +179,42 @@ TEST(OpenAiApi, ChatObjectsHaveOpenAisShape) {
   EXPECT_EQ(j["content"][0]["token"], "xx");
   EXPECT_EQ(j["content"][0]["bytes"], nlohmann::json({120, 120}));
   EXPECT_EQ(j["content"][0]["top_logprobs"][0]["logprob"], -0.25);
+
+  const ParsedReply called{"", {{"get_weather", R"({"city": "Paris"})"}, {"f", "{}"}}};
+  const nlohmann::json tools =
+      chat_completion_json("chatcmpl-2", "m", 5, called, engine::FinishReason::eos, Usage{3, 9});
+  const nlohmann::json& message = tools["choices"][0]["message"];
+  EXPECT_TRUE(message["content"].is_null());
+  ASSERT_EQ(message["tool_calls"].size(), 2u);
+  EXPECT_EQ(message["tool_calls"][0], nlohmann::json({{"id", "chatcmpl-2_0"},
+                                                       {"type", "function"},
+                                                       {"function", {{"name", "get_weather"},
+                                                                     {"arguments", R"({"city": "Paris"})"}}}}));
+  EXPECT_EQ(tools["choices"][0]["finish_reason"], "tool_calls");
+  const nlohmann::json cut = chat_completion_json("c", "m", 5, called, engine::FinishReason::length, Usage{});
+  EXPECT_EQ(cut["choices"][0]["finish_reason"], "length");
+  const nlohmann::json delta = tool_call_delta("c", 1, called.calls[1]);
+  EXPECT_EQ(delta["tool_calls"][0]["index"], 1);
+  EXPECT_EQ(delta["tool_calls"][0]["function"]["name"], "f");
+}
+
+// Tools need a tool_choice the server can honour: "none" always, "auto" (the default with
+// tools) when it parses tool calls.
+TEST(OpenAiApi, ToolChoiceFollowsTheServersParser) {
+  const std::string tools =
+      R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}])";
+  auto parses = [&](const std::string& tail, bool parser) {
+    return parse_chat_request(tools + tail, limits(), parser).options.parse_tool_calls;
+  };
+  EXPECT_TRUE(parses("}", true));
+  EXPECT_TRUE(parses(R"(,"tool_choice":"auto"})", true));
+  EXPECT_FALSE(parses(R"(,"tool_choice":"none"})", true));
+  EXPECT_FALSE(parses(R"(,"tool_choice":"none"})", false));
+  EXPECT_THROW(parses("}", false), ApiError);
+  EXPECT_THROW(parses(R"(,"tool_choice":"required"})", true), ApiError);
+  EXPECT_THROW(parses(R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})", true), ApiError);
+  EXPECT_FALSE(parse_chat_request(R"({"messages":[{"role":"user","content":"hi"}]})", limits(), true)
+                   .options.parse_tool_calls);
 }
 
 TEST(OpenAiApi, Utf8HoldsBackIncompleteAndReplacesInvalid) {

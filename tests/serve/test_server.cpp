@@ -51,13 +51,15 @@ CpuServeSetup pk8l_setup() {
 class RunningServer {
  public:
   explicit RunningServer(const std::string& api_key = "", const CpuServeSetup& setup = pk8l_setup(),
-                         std::shared_ptr<const model::ChatTemplate> chat_template = nullptr)
+                         std::shared_ptr<const model::ChatTemplate> chat_template = nullptr,
+                         const std::string& tool_call_parser = "")
       : serving_(load_cpu_serving(setup)) {
     ServerConfig c;
     c.host = "127.0.0.1";
     c.port = 0;
     c.api_key = api_key;
     c.chat_template = std::move(chat_template);
+    c.tool_call_parser = tool_call_parser;
     server_ = std::make_unique<HttpServer>(*serving_.engine, serving_.codec, serving_.limits, c);
     port_ = server_->bind();
     thread_ = std::thread([this] { server_->run(); });
@@ -297,6 +299,46 @@ TEST(Server, AChatStreamConcatenatesToTheWholeReply) {
   EXPECT_EQ(finish, whole["choices"][0]["finish_reason"]);
   EXPECT_TRUE(usage);
   EXPECT_TRUE(done);
+}
+
+// With the hermes parser, tools (tool_choice "auto") render into the prompt and the reply
+// goes through the parser, whole or streamed: a reply without <tool_call> blocks is content.
+TEST(Server, ToolsAreRenderedAndTheReplyParsed) {
+  model::testing::TempDir dir;
+  write_chat_checkpoint(dir.str());
+  RunningServer s("", chat_setup(dir.str()), nullptr, kHermesToolCalls);
+  httplib::Client c = s.client();
+  const json messages = json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}});
+  const json tools = json::array({{{"type", "function"},
+                                   {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
+  json body = chat_request(messages, 6);
+  body["tools"] = tools;
+  const json whole = post_json(c, body, 200, "/v1/chat/completions");
+  model::ChatInput input;
+  input.messages_json = messages.dump();
+  input.tools_json = tools.dump();
+  const std::string rendered = s.serving().limits.chat_template->render(input);
+  EXPECT_NE(rendered.find("<tools>\n{\"function\": {\"name\": \"get_weather\""), std::string::npos) << rendered;
+  const ParsedReply expected = parse_tool_calls(alone(s.serving(), rendered, 6, 0, 0));
+  const json& message = whole["choices"][0]["message"];
+  EXPECT_EQ(message.contains("tool_calls"), !expected.calls.empty());
+  if (expected.calls.empty()) EXPECT_EQ(message["content"], expected.content);
+  body["stream"] = true;
+  auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::string text, finish;
+  size_t pos = 0;
+  while ((pos = r->body.find("data: {", pos)) != std::string::npos) {
+    const size_t end = r->body.find("\n\n", pos);
+    const json j = json::parse(r->body.substr(pos + 6, end - pos - 6));
+    pos = end;
+    if (j["choices"].empty()) continue;
+    if (j["choices"][0]["delta"].contains("content")) text += j["choices"][0]["delta"]["content"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null()) finish = j["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, message["content"].is_null() ? "" : message["content"].get<std::string>());
+  EXPECT_EQ(finish, whole["choices"][0]["finish_reason"]);
 }
 
 // Without a template the endpoint says so; the operator's template serves any checkpoint and
@@ -666,7 +708,7 @@ TEST(ServeCli, ServesChatCompletionsThroughATemplateFile) {
 std::pair<int, std::string> serve_to_exit(const std::string& args);
 
 // A template file that is missing or outside the template language ends the command before
-// the port is taken, naming the file.
+// the port is taken, naming the file; so does an unknown tool-call parser.
 TEST(ServeCli, ABadChatTemplateIsAClearError) {
   model::testing::TempDir dir;
   model::testing::write_text(dir / "bad.jinja", "{% for m in messages %}");
@@ -675,6 +717,9 @@ TEST(ServeCli, ABadChatTemplateIsAClearError) {
     EXPECT_EQ(code, 2) << out;
     EXPECT_NE(out.find(file), std::string::npos) << out;
   }
+  const auto [code, out] = serve_to_exit("--device cpu --port 0 --tool-call-parser json");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("--tool-call-parser: 'json' is not a parser"), std::string::npos) << out;
 }
 
 // Every GEMM plan serves (on a CUDA machine the GPU engine times its candidates at start with
