@@ -25,6 +25,7 @@
 #include "fp4kv/attention/decode.h"
 #include "fp4kv/cache/cuda_check.h"
 #include "fp4kv/cache/split_plan.h"
+#include "fp4kv/cache/step_plan.h"
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/output_file.h"
 #include "fp4kv/testing/bench_support.h"
@@ -77,8 +78,10 @@ struct Point {
   std::string note;
 };
 
+// read_gbps: the card's read bandwidth (the whole card's, also under --sms: an SM's share of
+// it is what decides whether the page loop is issue-bound).
 Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, const BenchArgs& A, int sms,
-                double sm_mhz) {
+                double sm_mhz, double read_gbps) {
   Point pt;
   pt.shape = s.name;
   pt.preset = preset;
@@ -134,12 +137,13 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
   // The split plan needs the picked kernel's occupancy: a probe object at full capacity.
   const int resident =
       attention::DecodeAttention(geometry, r, attention::DecodeCapacity{batch, pages, 1}).resident_ctas(sms);
+  const int balance = cache::issue_bound_sms(r, sms, read_gbps);  // as the control kernel decides on this card
   // The grid is sized by the plan's capacity (max_splits + 1 CTAs per row and head): use the
   // splits this point needs as the capacity, so no empty CTAs are launched.
   int cap = 1;
   {
     testing::HostStepPlan probe(batch, A.max_splits);
-    probe.fill(lens, r, H, A.pages_per_split, {}, resident);
+    probe.fill(lens, r, H, A.pages_per_split, {}, resident, balance);
     for (int x : probe.splits()) cap = std::max(cap, x);
   }
   // One plan per copy: copy c uses slots [c * batch, (c + 1) * batch).
@@ -149,7 +153,7 @@ Point run_point(const Shape& s, const std::string& preset, int ctx, int batch, c
     std::vector<int> sl(batch);
     for (int b = 0; b < batch; ++b) sl[b] = slots_used ? c * batch + b : b;
     plans.push_back(std::make_unique<testing::HostStepPlan>(batch, cap));
-    plans.back()->fill(lens, r, H, A.pages_per_split, sl, resident);
+    plans.back()->fill(lens, r, H, A.pages_per_split, sl, resident, balance);
   }
   pt.splits = plans[0]->splits()[0];
   attention::DecodeAttention attn(geometry, r, attention::DecodeCapacity{batch, pages, cap});
@@ -224,7 +228,7 @@ int run_bench(const BenchArgs& A) {
       for (int b : batches) {
         double bf16_us = 0;
         for (const auto& pr : presets) {
-          Point p = run_point(s, pr, c, b, A, sms, sm_mhz);
+          Point p = run_point(s, pr, c, b, A, sms, sm_mhz, read_tbs * 1e3);
           const auto it = sdpa.find(s.name + "/" + std::to_string(c) + "/" + std::to_string(b));
           if (!p.skipped) {
             p.frac = p.tbs / read_tbs;

@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kControlThreads) control_kernel(const ControlA
   const int head_rows = s_rows_with_pages * a.dims.heads;
   const SplitPolicy policy =
       step_split_policy(a.resident_ctas, head_rows, slot_row_ctas(a.dims.format, a.dims.sink, a.dims.recent, head_rows),
-                        a.plan.max_splits, a.dims.split_floor, a.dims.max_one_wave_pages);
+                        a.plan.max_splits, a.dims.split_floor, a.dims.max_one_wave_pages, a.dims.balance_sms);
   for (int r = tid; r < a.step.max_batch; r += kControlThreads) {
     int slot = -1, pages = 0;
     if (r < batch) {

@@ -28,6 +28,7 @@ struct CacheDims {
                                 // open page is re-quantized after every write (quantize on write)
   SplitFloor split_floor;       // step_plan.h: fewest pages per split for the recipe's decode kernel
   int max_one_wave_pages = 0;   // step_plan.h: most pages per split of a one-wave plan (0: none)
+  int balance_sms = 0;          // step_plan.h: SMs an issue-bound kernel's splits balance over (0: none)
   // MLA latent caches (kv_cache.h): rope_dim > 0, heads 1, d = latent_dim. The K side is the
   // latent (quantized like keys), the V side the positional keys r: rope_dim BF16 values per
   // token, in the page's r rows (byte offset r_rows) and after the latent in each slot row.

@@ -15,6 +15,19 @@ namespace fp4kv::cache {
 
 namespace {
 
+// The card's peak DRAM bandwidth (GB/s) from its memory clock and bus width (double data
+// rate); 0 when the driver does not say.
+double peak_read_gbps(int dev) {
+  int khz = 0, bits = 0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  constexpr double kDataRate = 2, kBitsPerByte = 8;
+  return kDataRate * khz * 1e3 * bits / kBitsPerByte / 1e9;
+}
+
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 void require_device_ptr(const void* p, size_t align, const char* name) {
@@ -85,6 +98,7 @@ KvCache::KvCache(const KvCacheConfig& c, const Recipe& recipe, const float* mu_k
   require(count > 0, "KvCache: no CUDA device");
   cuda_check(cudaGetDevice(&dev), "KvCache: cudaGetDevice");
   cuda_check(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, dev), "KvCache: multiprocessor count");
+  dims_.balance_sms = issue_bound_sms(recipe, num_sms_, peak_read_gbps(dev));
 
   auto alloc = [&](size_t bytes, const char* what) -> void* {
     void* p = nullptr;

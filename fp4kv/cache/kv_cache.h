@@ -156,6 +156,8 @@ class KvCache {
   const StepPlan& plan() const { return plan_; }
   const float* mu_k_device() const { return mem_.mu; }            // [layers][kv_heads][head_dim] or null
   int num_sms() const { return num_sms_; }
+  // SMs the split planner balances an issue-bound kernel's CTAs over (step_plan.h; 0: none).
+  int balance_sms() const { return dims_.balance_sms; }
   size_t device_bytes() const { return device_bytes_; }
 
  private:

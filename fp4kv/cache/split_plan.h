@@ -40,6 +40,17 @@ inline constexpr int kMaxSplitPages = 64;
 // max_one_wave_pages); a one-wave plan whose sink/recent CTAs spill (the target's, below
 // kReserveFromSplits splits) up to 17 % slower, so the sink/recent CTAs keep their slots.
 inline constexpr int kMaxOneWavePages = 128;
+// ... and where the page loop is issue-bound (the FP4 recipes on a card with at least
+// kIssueBoundGBpsPerSm of read bandwidth per SM: the H200's 36, an H100 run on 96 SMs; not
+// the whole H100's 25), long rows take whichever of the one-wave plan and cuts of
+// kMinBalancedSplitPages to kMaxSplitPages pages (steps of kBalancedSplitStep) finishes first
+// by issue_bound_time. Measured on an H100 at 96 SMs (docs/PERF.md, "Split sizes on an
+// H200-like card"): the one-wave plan of 2 x 128 pages over 64 head rows, which leaves a third
+// of the SMs holding two long CTAs, 18-24 % slower than 32-64-page cuts; 64-page cuts of 2.67
+// waves 4-5 % slower than 32 pages.
+inline constexpr double kIssueBoundGBpsPerSm = 30.0;
+inline constexpr int kMinBalancedSplitPages = 32;
+inline constexpr int kBalancedSplitStep = 8;
 
 // How a row of n tokens (n >= 1) is attended through the split CTAs: decode_layout for
 // FP4/FP8 caches; for BF16 caches, which keep every token in their pool pages, every page
@@ -80,6 +91,7 @@ struct SplitPolicy {
   int one_wave_ctas = 0;           // split CTAs of the one-wave plan (one_wave_split_ctas; 0: none)
   int max_one_wave_pages = kMaxOneWavePages;  // its most pages per split (the floor wins)
   int forced_pages_per_split = 0;  // > 0: this split size (still capped by max_splits)
+  int balance_sms = 0;  // > 0: an issue-bound kernel on this many SMs (balanced_split_pages)
 };
 
 // Whether a cache keeps BF16 sink/recent rows in slots, which a decode step attends through
@@ -125,8 +137,9 @@ FP4KV_HD int one_wave_split_ctas(int resident_ctas, int head_rows, int side_ctas
 // kernel with the split floor `floor` and one-wave splits of at most `max_one_wave_pages`
 // (step_plan.h has each recipe's).
 FP4KV_HD SplitPolicy step_split_policy(int resident_ctas, int head_rows, int side_ctas, int max_splits,
-                                       SplitFloor floor, int max_one_wave_pages) {
+                                       SplitFloor floor, int max_one_wave_pages, int balance_sms = 0) {
   SplitPolicy p;
+  p.balance_sms = balance_sms;
   p.head_rows = head_rows;
   p.max_splits = max_splits;
   p.target_ctas = split_target_ctas(resident_ctas, head_rows, side_ctas);
@@ -162,16 +175,53 @@ FP4KV_HD int one_wave_pages(int pages, const SplitPolicy& p) {
   return even <= p.max_one_wave_pages ? even : 0;
 }
 
+// The time, in pages one SM streams, of `split_ctas` CTAs of `pps` pages each on `sms` SMs
+// whose page loop is issue-bound: an SM streams at about one rate whether it holds one CTA or
+// two, so the SM given the most CTAs sets the time.
+FP4KV_HD long long issue_bound_time(int split_ctas, int sms, int pps) {
+  const int per_sm = (split_ctas + sms - 1) / sms;
+  return (long long)per_sm * pps;
+}
+
+// The split size of a long row (the target's split over max_pages) under an issue-bound
+// kernel: the one-wave plan's or a cut of kMinBalancedSplitPages..max_pages pages, whichever
+// issue_bound_time says finishes first over the policy's head rows (all assumed as long as
+// this one), the larger split on a tie (fewer CTAs, less fixed cost).
+FP4KV_HD int balanced_split_pages(int pages, const SplitPolicy& p) {
+  const int head_rows = p.head_rows > 1 ? p.head_rows : 1;
+  const int sms = p.balance_sms > 0 ? p.balance_sms : 1;
+  int best = 0;
+  long long best_time = 0;
+  for (int c = kMinBalancedSplitPages; c <= p.max_pages + kBalancedSplitStep; c += kBalancedSplitStep) {
+    const int pps = c < p.max_pages ? c : p.max_pages;  // the last candidate: max_pages itself
+    const long long t = issue_bound_time(ceil_div_pages(pages, pps) * head_rows, sms, pps);
+    if (best == 0 || t < best_time || (t == best_time && pps > best)) {
+      best = pps;
+      best_time = t;
+    }
+    if (pps == p.max_pages) break;
+  }
+  const int one_wave = one_wave_pages(pages, p);
+  if (one_wave > 0) {
+    const long long t = issue_bound_time(ceil_div_pages(pages, one_wave) * head_rows, sms, one_wave);
+    if (t < best_time || (t == best_time && one_wave > best)) best = one_wave;
+  }
+  return best;
+}
+
 // Pages per split for a row of `pages` (> 0) pages: about target_ctas split CTAs over the
 // step, at most max_splits per row, at most max_pages pages per split (where more are
-// needed: the one-wave plan's split if it has one, else max_pages), at least the floor's
-// pages for this row (or the whole row; the floor wins over max_pages).
+// needed: balanced_split_pages for an issue-bound kernel, else the one-wave plan's split if it
+// has one, else max_pages), at least the floor's pages for this row (or the whole row; the
+// floor wins over max_pages).
 FP4KV_HD int choose_pages_per_split(int pages, const SplitPolicy& p) {
   const int want = splits_for_ctas(p.target_ctas, pages, p);
   const int min_pages = p.split_floor.for_row(pages);
   const int floor_pages = min_pages < pages ? min_pages : pages;
   int even = ceil_div_pages(pages, want);
-  if (even > p.max_pages) {
+  if (even > p.max_pages && p.balance_sms > 0) {
+    even = balanced_split_pages(pages, p);
+  } else if (even > p.max_pages) {
     const int one_wave = one_wave_pages(pages, p);
     even = one_wave > 0 ? one_wave : p.max_pages;
   }

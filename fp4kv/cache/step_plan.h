@@ -37,6 +37,15 @@ inline SplitFloor split_floor(const Recipe& r) {
 // those that hold one (measured 3-21 % slower than the 64-page cut), so they keep the cut.
 inline int max_one_wave_pages(const Recipe& r) { return r.native() ? 0 : kMaxOneWavePages; }
 
+// SMs to balance the split CTAs over (SplitPolicy::balance_sms) for the recipe's kernel on a
+// card of `sms` SMs reading `read_gbps`: the mixed FP4 kernels, whose page loop is
+// issue-bound where each SM has kIssueBoundGBpsPerSm or more; 0 (the one-wave rule) otherwise.
+// The native kernels keep their own rule (no one-wave plans, the 64-page cut): not measured.
+inline int issue_bound_sms(const Recipe& r, int sms, double read_gbps) {
+  const bool fp4 = r.kv == KvFormat::nvfp4 || r.kv == KvFormat::mxfp4;
+  return fp4 && !r.native() && sms > 0 && read_gbps / sms >= kIssueBoundGBpsPerSm ? sms : 0;
+}
+
 // Device pointers; capacity `max_batch` rows. Row r of this step's batch:
 struct StepPlan {
   int32_t* row_slot = nullptr;         // [max_batch] BF16 slot of the row's request

@@ -40,7 +40,7 @@ HostStepPlan::~HostStepPlan() {
 }
 
 void HostStepPlan::fill(const std::vector<int>& seq_lens, const Recipe& r, int kv_heads, int pages_per_split,
-                        const std::vector<int>& slots, int resident_ctas) {
+                        const std::vector<int>& slots, int resident_ctas, int balance_sms) {
   const int batch = int(seq_lens.size());
   require(batch >= 1 && batch <= max_batch_, "HostStepPlan::fill: batch " + std::to_string(batch) +
                                                  " outside the capacity 1.." + std::to_string(max_batch_));
@@ -55,7 +55,8 @@ void HostStepPlan::fill(const std::vector<int>& seq_lens, const Recipe& r, int k
   const int head_rows = rows_with_pages * kv_heads;
   cache::SplitPolicy policy = cache::step_split_policy(
       resident_ctas > 0 ? resident_ctas : cache::kSplitCtasPerSm * cache::kDefaultSmCount, head_rows,
-      cache::slot_row_ctas(r, head_rows), plan_.max_splits, cache::split_floor(r), cache::max_one_wave_pages(r));
+      cache::slot_row_ctas(r, head_rows), plan_.max_splits, cache::split_floor(r), cache::max_one_wave_pages(r),
+      balance_sms);
   policy.forced_pages_per_split = pages_per_split;
   splits_.assign(batch, 0);
   pps_.assign(batch, 0);

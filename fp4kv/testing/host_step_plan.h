@@ -27,10 +27,11 @@ class HostStepPlan {
   // pages_per_split > 0 forces a split size (capped so no row needs more than max_splits);
   // 0 chooses with cache::plan_row_split under cache::step_split_policy for a GPU holding
   // `resident_ctas` decode CTAs (0: the control kernel's kSplitCtasPerSm per SM of a
-  // kDefaultSmCount-SM device).
+  // kDefaultSmCount-SM device), balancing split CTAs over `balance_sms` SMs where the kernel
+  // is issue-bound (cache::issue_bound_sms; 0: the one-wave rule).
   // slots[b] is the BF16 slot of row b (identity when empty). Synchronous upload.
   void fill(const std::vector<int>& seq_lens, const Recipe& recipe, int kv_heads, int pages_per_split = 0,
-            const std::vector<int>& slots = {}, int resident_ctas = 0);
+            const std::vector<int>& slots = {}, int resident_ctas = 0, int balance_sms = 0);
 
   const cache::StepPlan& plan() const { return plan_; }
   const std::vector<int>& splits() const { return splits_; }

@@ -235,8 +235,9 @@ TEST(ControlKernel, LongRowPlansOneWaveWithTheSinkRecentCtas) {
     ASSERT_EQ(drv.step({0}, {n}), 0) << spec;
     const auto plan = cache.read_plan();
     const int pages = attended_pages(n, recipe);
-    const SplitPolicy policy = step_split_policy(kSplitCtasPerSm * cache.num_sms(), heads, slot_row_ctas(recipe, heads),
-                                                 cfg.max_splits, split_floor(recipe), max_one_wave_pages(recipe));
+    const SplitPolicy policy =
+        step_split_policy(kSplitCtasPerSm * cache.num_sms(), heads, slot_row_ctas(recipe, heads), cfg.max_splits,
+                          split_floor(recipe), max_one_wave_pages(recipe), cache.balance_sms());
     const RowSplit want = plan_row_split(pages, policy);
     EXPECT_EQ(plan.row_pages[0], pages) << spec;
     EXPECT_EQ(plan.row_splits[0], want.splits) << spec;
@@ -251,8 +252,9 @@ TEST(ControlKernel, LongRowPlansOneWaveWithTheSinkRecentCtas) {
 
 // Five rows of ~64K tokens x 8 KV heads: the target's 6 splits per (row, head) would be 86
 // pages each, over the 64-page cap, and with the 40 sink/recent CTAs they spill over one
-// wave of 2 x 132; the control kernel plans the one-wave plan that leaves those CTAs their
-// slots (5 splits of up to 128 pages), as the host planner does.
+// wave of 2 x 132; on an H100 the control kernel plans the one-wave plan that leaves those
+// CTAs their slots (5 splits of up to 128 pages), on an H200 (issue-bound) the balanced
+// 40-page cut, each as the host planner does.
 TEST(ControlKernel, RowsOverTheSplitCapPlanOneWaveUpTo128Pages) {
   SKIP_WITHOUT_GPU();
   const Recipe recipe = parse_recipe("nvfp4");
@@ -270,16 +272,19 @@ TEST(ControlKernel, RowsOverTheSplitCapPlanOneWaveUpTo128Pages) {
   const int head_rows = rows * heads;
   const SplitPolicy policy =
       step_split_policy(kSplitCtasPerSm * cache.num_sms(), head_rows, slot_row_ctas(recipe, head_rows), cfg.max_splits,
-                        split_floor(recipe), max_one_wave_pages(recipe));
+                        split_floor(recipe), max_one_wave_pages(recipe), cache.balance_sms());
   for (int r = 0; r < rows; ++r) {
     const int pages = attended_pages(lens[r], recipe);
     const RowSplit want = plan_row_split(pages, policy);
     EXPECT_EQ(plan.row_pages[r], pages) << r;
     EXPECT_EQ(plan.row_splits[r], want.splits) << r;
     EXPECT_EQ(plan.row_pages_per_split[r], want.pages_per_split) << r;
-    if (cache.num_sms() == kDefaultSmCount) {
+    if (cache.num_sms() == kDefaultSmCount && cache.balance_sms() == 0) {  // an H100
       EXPECT_EQ(want.splits, 5) << r;
       EXPECT_GT(want.pages_per_split, kMaxSplitPages) << r;
+    }
+    if (cache.num_sms() == kDefaultSmCount && cache.balance_sms() > 0) {  // an H200: 40-page cuts (split_plan.h)
+      EXPECT_EQ(want.pages_per_split, 40) << r;
     }
   }
 }

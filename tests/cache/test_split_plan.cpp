@@ -145,6 +145,51 @@ TEST(SplitPlan, OneWaveOfSplitsUpTo128PagesBesideTheSinkRecentCtas) {
   EXPECT_EQ(plan_row_split(511, p).pages_per_split, kMaxSplitPages);
 }
 
+// An issue-bound card (an H100 at 96 SMs, the H200): long rows take the split size with the
+// least ceil(split CTAs / SMs) x pages, the cases of docs/PERF.md, "Split sizes on an H200-like
+// card".
+TEST(SplitPlan, BalancedSplitsWhereThePageLoopIsIssueBound) {
+  constexpr int kSms = 96;
+  auto split_of = [](int head_rows, int pages, int balance_sms) {
+    const SplitPolicy p = step_split_policy(kSplitCtasPerSm * kSms, head_rows, head_rows, 128, {4, 0},
+                                            kMaxOneWavePages, balance_sms);
+    return plan_row_split(pages, p);
+  };
+  // 64 head rows at 32K: not the one wave of 2 x 128 (a third of the SMs hold two), 64 pages.
+  EXPECT_EQ(split_of(64, 255, 0).splits, 2);
+  EXPECT_EQ(split_of(64, 255, kSms).splits, 4);
+  EXPECT_EQ(split_of(64, 255, kSms).pages_per_split, 64);
+  // 32 head rows at 128K: 32 pages (11 x 32 page-times against 6 x 64).
+  EXPECT_EQ(split_of(32, 1023, kSms).pages_per_split, 32);
+  EXPECT_EQ(split_of(32, 1023, 0).pages_per_split, 64);
+  // 16 head rows at 128K: the one wave of 11 x 93 stands (2 x 93 against 3 x 64).
+  EXPECT_EQ(split_of(16, 1023, kSms).splits, 11);
+  EXPECT_EQ(split_of(16, 1023, kSms).pages_per_split, 93);
+  // 128 head rows at 32K: 32 pages; 96 head rows: a tie, the larger split.
+  EXPECT_EQ(split_of(128, 255, kSms).pages_per_split, 32);
+  EXPECT_EQ(split_of(96, 255, kSms).pages_per_split, 64);
+  // Rows the target already cuts under 64 pages are untouched.
+  EXPECT_EQ(split_of(8, 1023, kSms).pages_per_split, split_of(8, 1023, 0).pages_per_split);
+  EXPECT_EQ(issue_bound_time(128, kSms, 128), 256);
+  EXPECT_EQ(issue_bound_time(256, kSms, 64), 192);
+  // Which kernels on which cards: the mixed FP4 kernels where an SM has 30 GB/s or more.
+  EXPECT_EQ(issue_bound_sms(parse_recipe("nvfp4"), 96, 3190), 96);    // an H100 at 96 SMs
+  EXPECT_EQ(issue_bound_sms(parse_recipe("mxfp4"), 132, 4800), 132);  // an H200
+  EXPECT_EQ(issue_bound_sms(parse_recipe("nvfp4"), 132, 3350), 0);    // an H100
+  EXPECT_EQ(issue_bound_sms(parse_recipe("bf16"), 96, 3190), 0);
+  EXPECT_EQ(issue_bound_sms(parse_recipe("fp8"), 96, 3190), 0);
+  EXPECT_EQ(issue_bound_sms(parse_recipe("nvfp4-native"), 96, 3190), 0);
+  // Invariants hold with balancing on, over many shapes.
+  for (int head_rows = 1; head_rows <= 300; head_rows += 7)
+    for (int pages = 1; pages <= 2100; pages += 37) {
+      const RowSplit r = split_of(head_rows, pages, kSms);
+      ASSERT_GE(r.splits, 1);
+      ASSERT_LE(r.splits, 128);
+      ASSERT_LT((r.splits - 1) * r.pages_per_split, pages);
+      ASSERT_GE(r.splits * r.pages_per_split, pages);
+    }
+}
+
 TEST(SplitPlan, TargetInvariantsOverManyShapes) {
   for (int resident : {1, 132, 264, 396, 528})
     for (int rows = 1; rows <= 600; rows += rows < 40 ? 1 : 7)
