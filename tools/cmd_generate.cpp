@@ -179,7 +179,10 @@ int run_generate(const GenerateArgs& a) {
 Action add_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* sub = app.add_subcommand("generate", "Generate text from a prompt over an FP4 (or other) KV cache");
-  sub->add_option("--model", a->model, "Hugging Face Qwen3 checkpoint directory (byte tokens, or its tokenizer.json), or NAME:random on the GPU (speed only)")->capture_default_str();
+  sub->add_option("--model", a->model,
+                  "Hugging Face Qwen3 checkpoint directory (byte tokens, or its tokenizer.json), or NAME:random on "
+                  "the GPU (speed only)")
+      ->capture_default_str();
   sub->add_option("--kv", a->kv, "KV-cache recipe: PRESET[:switch,...]")->capture_default_str();
   CLI::Option* prompt = sub->add_option("--prompt", a->prompt, "prompt text");
   sub->add_option("--prompt-file", a->prompt_file, "file holding the prompt");

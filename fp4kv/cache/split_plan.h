@@ -183,30 +183,33 @@ FP4KV_HD long long issue_bound_time(int split_ctas, int sms, int pps) {
   return (long long)per_sm * pps;
 }
 
-// The split size of a long row (the target's split over max_pages) under an issue-bound
-// kernel: the one-wave plan's or a cut of kMinBalancedSplitPages..max_pages pages, whichever
-// issue_bound_time says finishes first over the policy's head rows (all assumed as long as
-// this one), the larger split on a tie (fewer CTAs, less fixed cost).
-FP4KV_HD int balanced_split_pages(int pages, const SplitPolicy& p) {
+// A split size and its issue_bound_time over the step's head rows.
+struct TimedSplit {
+  int pages_per_split = 0;
+  long long time = 0;
+};
+
+// `best`, or `pps` pages per split if its issue_bound_time over the policy's head rows (all
+// assumed as long as this row) is less, or equal with a larger split (fewer CTAs, less fixed
+// cost).
+FP4KV_HD TimedSplit faster_split(TimedSplit best, int pages, int pps, const SplitPolicy& p) {
   const int head_rows = p.head_rows > 1 ? p.head_rows : 1;
-  const int sms = p.balance_sms > 0 ? p.balance_sms : 1;
-  int best = 0;
-  long long best_time = 0;
-  for (int c = kMinBalancedSplitPages; c <= p.max_pages + kBalancedSplitStep; c += kBalancedSplitStep) {
-    const int pps = c < p.max_pages ? c : p.max_pages;  // the last candidate: max_pages itself
-    const long long t = issue_bound_time(ceil_div_pages(pages, pps) * head_rows, sms, pps);
-    if (best == 0 || t < best_time || (t == best_time && pps > best)) {
-      best = pps;
-      best_time = t;
-    }
-    if (pps == p.max_pages) break;
-  }
+  const long long t = issue_bound_time(ceil_div_pages(pages, pps) * head_rows, p.balance_sms, pps);
+  const bool better = best.pages_per_split == 0 || t < best.time || (t == best.time && pps > best.pages_per_split);
+  return better ? TimedSplit{pps, t} : best;
+}
+
+// The split size of a long row (the target's split over max_pages) under an issue-bound
+// kernel (balance_sms > 0): the fastest of the cuts of kMinBalancedSplitPages..max_pages
+// pages and the one-wave plan's split.
+FP4KV_HD int balanced_split_pages(int pages, const SplitPolicy& p) {
+  TimedSplit best;
+  for (int pps = kMinBalancedSplitPages; pps < p.max_pages; pps += kBalancedSplitStep)
+    best = faster_split(best, pages, pps, p);
+  best = faster_split(best, pages, p.max_pages, p);
   const int one_wave = one_wave_pages(pages, p);
-  if (one_wave > 0) {
-    const long long t = issue_bound_time(ceil_div_pages(pages, one_wave) * head_rows, sms, one_wave);
-    if (t < best_time || (t == best_time && one_wave > best)) best = one_wave;
-  }
-  return best;
+  if (one_wave > 0) best = faster_split(best, pages, one_wave, p);
+  return best.pages_per_split;
 }
 
 // Pages per split for a row of `pages` (> 0) pages: about target_ctas split CTAs over the

@@ -42,8 +42,7 @@ inline int max_one_wave_pages(const Recipe& r) { return r.native() ? 0 : kMaxOne
 // issue-bound where each SM has kIssueBoundGBpsPerSm or more; 0 (the one-wave rule) otherwise.
 // The native kernels keep their own rule (no one-wave plans, the 64-page cut): not measured.
 inline int issue_bound_sms(const Recipe& r, int sms, double read_gbps) {
-  const bool fp4 = r.kv == KvFormat::nvfp4 || r.kv == KvFormat::mxfp4;
-  return fp4 && !r.native() && sms > 0 && read_gbps / sms >= kIssueBoundGBpsPerSm ? sms : 0;
+  return r.fp4() && !r.native() && sms > 0 && read_gbps / sms >= kIssueBoundGBpsPerSm ? sms : 0;
 }
 
 // Device pointers; capacity `max_batch` rows. Row r of this step's batch:

@@ -172,10 +172,9 @@ static void emit_until(const std::vector<int>& generated, const std::vector<Toke
   }
 }
 
-// Characters at the end of `text` that could begin one of `stops` (held back until known).
-static size_t stop_prefix_at_end(const std::string& text, const std::vector<std::string>& stops) {
+size_t partial_match_at_end(const std::string& text, const std::vector<std::string>& needles) {
   size_t held = 0;
-  for (const std::string& s : stops) {
+  for (const std::string& s : needles) {
     for (size_t k = std::min(s.size() - 1, text.size()); k > held; --k) {
       if (text.compare(text.size() - k, k, s, 0, k) == 0) {
         held = k;
@@ -227,8 +226,8 @@ void Scheduler::take(Sequence& s, const TokenDraw& drawn, std::vector<Emitted>& 
   if (s.finish == FinishReason::eos || s.finish == FinishReason::length) {
     emit_until(s.generated, s.generated_logprobs, s.text_ends, s.text.size(), s.emitted, e);
   } else if (s.finish == FinishReason::none) {
-    emit_until(s.generated, s.generated_logprobs, s.text_ends, s.text.size() - stop_prefix_at_end(s.text, s.spec.stop),
-               s.emitted, e);
+    const size_t held = partial_match_at_end(s.text, s.spec.stop);
+    emit_until(s.generated, s.generated_logprobs, s.text_ends, s.text.size() - held, s.emitted, e);
   }
   e.finished = s.finish;
   if (!e.tokens.empty() || e.finished != FinishReason::none) out.push_back(std::move(e));

@@ -64,6 +64,11 @@ struct RequestSpec {
 enum class FinishReason { none, eos, length, stop, cancelled };
 const char* finish_reason_name(FinishReason r);
 
+// Bytes at the end of `text` that could begin one of `needles` (the longest such run): text
+// a stream holds back until it is known not to start one (stop strings here; the server's
+// tool-call tag).
+size_t partial_match_at_end(const std::string& text, const std::vector<std::string>& needles);
+
 // What a step produced for one request: newly emitted tokens, and the end when it finished.
 struct Emitted {
   uint64_t id = 0;

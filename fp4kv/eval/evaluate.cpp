@@ -5,13 +5,12 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
 #include "fp4kv/core/error.h"
+#include "fp4kv/core/input_file.h"
 #include "fp4kv/eval/calibration.h"
 #include "fp4kv/eval/kl.h"
 #include "fp4kv/eval/limits.h"
@@ -36,11 +35,10 @@ std::string read_text_file(const std::string& path, const std::string& option) {
   const uint64_t size = fs::file_size(path, ec);
   require_fits_memory(kTextBytesPerFileByte * double(size), available_memory_bytes(), option,
                       "reading the " + std::to_string(size) + "-byte text '" + path + "'");
-  std::ifstream in(path, std::ios::binary);
-  require(bool(in), option + ": cannot read text file '" + path + "'");
-  std::string s((std::istreambuf_iterator<char>(in)), {});
-  require(!s.empty(), option + ": text file '" + path + "' is empty");
-  return s;
+  const std::optional<std::string> s = read_file(path);
+  require(s.has_value(), option + ": cannot read text file '" + path + "'");
+  require(!s->empty(), option + ": text file '" + path + "' is empty");
+  return *s;
 }
 
 void check_eval_limits(const EvalOptions& o, const model::Qwen3Config& cfg) {

@@ -1,14 +1,13 @@
 #include "fp4kv/model/bpe_tokenizer.h"
 
 #include <algorithm>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <queue>
-#include <sstream>
 #include <utility>
 
 #include "fp4kv/core/error.h"
+#include "fp4kv/core/input_file.h"
 #include "fp4kv/model/unicode_text.h"
 
 namespace fp4kv::model {
@@ -136,11 +135,9 @@ std::vector<std::string> qwen2_pieces(std::string_view text) {
 }
 
 BpeTokenizer BpeTokenizer::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  require(bool(in), "cannot open tokenizer '" + path + "'");
-  std::stringstream s;
-  s << in.rdbuf();
-  return parse(s.str(), "tokenizer '" + path + "'");
+  const std::optional<std::string> text = read_file(path);
+  require(text.has_value(), "cannot open tokenizer '" + path + "'");
+  return parse(*text, "tokenizer '" + path + "'");
 }
 
 BpeTokenizer BpeTokenizer::parse(const std::string& json_text, const std::string& what) {

@@ -1,9 +1,9 @@
 #include "fp4kv/model/chat_template.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "fp4kv/core/input_file.h"
 
 namespace fp4kv::model {
 
@@ -17,19 +17,17 @@ constexpr const char* kTemplateFile = "chat_template.jinja";
 constexpr const char* kSpecialTokenNames[] = {"bos_token", "eos_token", "unk_token", "pad_token"};
 constexpr const char* kReservedNames[] = {"messages", "tools", "documents", "add_generation_prompt"};
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read " + path.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+std::string read_text(const fs::path& path) {
+  const std::optional<std::string> text = read_file(path.string());
+  if (!text) throw Error("cannot read " + path.string());
+  return *text;
 }
 
 // tokenizer_config.json's contents, or null when the directory has none.
 json read_tokenizer_config(const std::string& dir) {
   const fs::path path = fs::path(dir) / kTokenizerConfig;
   if (!fs::is_regular_file(path)) return nullptr;
-  json j = json::parse(read_file(path), nullptr, /*allow_exceptions=*/false);
+  json j = json::parse(read_text(path), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) throw Error(path.string() + " is not a JSON object");
   return j;
 }
@@ -95,7 +93,7 @@ ChatTemplate::ChatTemplate(const std::string& source, std::string origin, jinja:
 std::optional<ChatTemplate> ChatTemplate::for_model(const std::string& dir) {
   const json config = read_tokenizer_config(dir);
   const fs::path file = fs::path(dir) / kTemplateFile;
-  if (fs::is_regular_file(file)) return ChatTemplate(read_file(file), file.string(), special_tokens(config));
+  if (fs::is_regular_file(file)) return ChatTemplate(read_text(file), file.string(), special_tokens(config));
   const std::string config_path = (fs::path(dir) / kTokenizerConfig).string();
   const std::optional<std::string> source = config_template(config, config_path);
   if (!source) return std::nullopt;
@@ -104,7 +102,7 @@ std::optional<ChatTemplate> ChatTemplate::for_model(const std::string& dir) {
 
 ChatTemplate ChatTemplate::from_file(const std::string& path, const std::string& model_dir) {
   if (!fs::is_regular_file(path)) throw Error("--chat-template " + path + ": no such file");
-  return ChatTemplate(read_file(path), path, special_tokens(read_tokenizer_config(model_dir)));
+  return ChatTemplate(read_text(path), path, special_tokens(read_tokenizer_config(model_dir)));
 }
 
 std::string ChatTemplate::render(const ChatInput& input) const {
@@ -114,13 +112,7 @@ std::string ChatTemplate::render(const ChatInput& input) const {
     for (const auto& [name, value] : extra.entries()) {
       for (const char* reserved : kReservedNames)
         if (name == reserved) throw jinja::TemplateError("the template variable '" + name + "' cannot be set");
-      bool replaced = false;
-      for (auto& [k, v] : variables)
-        if (k == name) {
-          v = value;
-          replaced = true;
-        }
-      if (!replaced) variables.emplace_back(name, value);
+      jinja::set_entry(variables, name, value);
     }
   }
   variables.emplace_back("messages", parse_variable(input.messages_json, "messages", jinja::Value::Kind::list));

@@ -286,19 +286,18 @@ Value member(const Value& subject, const Value& key, const std::string& spelled)
     const Value* v = subject.find(key.str());
     return v ? *v : Value::undefined(spelled);
   }
-  if ((subject.is(Value::Kind::list) || subject.is(Value::Kind::string)) &&
-      (key.is(Value::Kind::integer) || key.is(Value::Kind::boolean))) {
-    if (subject.is(Value::Kind::list)) {
-      const int64_t n = int64_t(subject.items().size());
-      const int64_t i = key.as_int() < 0 ? key.as_int() + n : key.as_int();
-      return i >= 0 && i < n ? subject.items()[size_t(i)] : Value::undefined(spelled);
-    }
-    const std::vector<char32_t> cps = code_points(subject.str());
-    const int64_t n = int64_t(cps.size());
-    const int64_t i = key.as_int() < 0 ? key.as_int() + n : key.as_int();
-    return i >= 0 && i < n ? Value::string(from_code_points(cps, size_t(i), size_t(i) + 1)) : Value::undefined(spelled);
+  const bool sequence = subject.is(Value::Kind::list) || subject.is(Value::Kind::string);
+  if (!sequence || !(key.is(Value::Kind::integer) || key.is(Value::Kind::boolean))) return Value::undefined(spelled);
+  // Python's index: negative counts from the end.
+  auto at = [&key](size_t n) { return key.as_int() < 0 ? key.as_int() + int64_t(n) : key.as_int(); };
+  if (subject.is(Value::Kind::list)) {
+    const int64_t i = at(subject.items().size());
+    return i >= 0 && i < int64_t(subject.items().size()) ? subject.items()[size_t(i)] : Value::undefined(spelled);
   }
-  return Value::undefined(spelled);
+  const std::vector<char32_t> cps = code_points(subject.str());
+  const int64_t i = at(cps.size());
+  return i >= 0 && i < int64_t(cps.size()) ? Value::string(from_code_points(cps, size_t(i), size_t(i) + 1))
+                                           : Value::undefined(spelled);
 }
 
 // Python's slice indices of a sequence of n elements.
@@ -800,7 +799,7 @@ class Renderer {
         assign(n, Value::string(captured));
         return Flow::normal;
       }
-      case Node::Kind::macro: scopes_.back().emplace_back(n.text, Value::macro(&n)); return Flow::normal;
+      case Node::Kind::macro: set_local(n.text, Value::macro(&n)); return Flow::normal;
       case Node::Kind::break_loop: return Flow::break_loop;
       case Node::Kind::continue_loop: return Flow::continue_loop;
       case Node::Kind::block: return render(n.body, out);
@@ -828,15 +827,7 @@ class Renderer {
     target.set_member(n.attribute, v);
   }
 
-  void set_local(const std::string& name, const Value& v) {
-    Dict& scope = scopes_.back();
-    for (auto& [k, old] : scope)
-      if (k == name) {
-        old = v;
-        return;
-      }
-    scope.emplace_back(name, v);
-  }
+  void set_local(const std::string& name, const Value& v) { set_entry(scopes_.back(), name, v); }
 
   Flow render_for(const Node& n, std::string& out) {
     List items = iterate(eval(*n.expr));
@@ -966,19 +957,21 @@ class Renderer {
 
   Value call(const Expr& e) {
     const Expr& callee = *e.operands[0];
-    if (callee.kind == Expr::Kind::attribute) {  // a method of a str or dict value
-      const Value subject = eval(*callee.operands[0]);
-      if (subject.is(Value::Kind::string)) return string_method(subject.str(), callee.name, arguments(e));
-      if (subject.is(Value::Kind::dict)) {
-        const Value* member_value = subject.find(callee.name);
-        if (!member_value || !(member_value->is(Value::Kind::macro) || member_value->is(Value::Kind::function)))
-          return dict_method(subject, callee.name, arguments(e));
-      }
-      if (subject.is(Value::Kind::list))
-        throw TemplateError("the list method '" + callee.name +
-                            "' is not supported (lists are immutable in templates)");
+    if (callee.kind != Expr::Kind::attribute) return call_value(eval(callee), e);
+    const Value subject = eval(*callee.operands[0]);  // a method of a str or dict value, or a member
+    if (subject.is(Value::Kind::string)) return string_method(subject.str(), callee.name, arguments(e));
+    if (subject.is(Value::Kind::dict)) {
+      const Value* member_value = subject.find(callee.name);
+      if (!member_value || !(member_value->is(Value::Kind::macro) || member_value->is(Value::Kind::function)))
+        return dict_method(subject, callee.name, arguments(e));
     }
-    const Value f = eval(callee);
+    if (subject.is(Value::Kind::list))
+      throw TemplateError("the list method '" + callee.name + "' is not supported (lists are immutable in templates)");
+    return call_value(member(subject, Value::string(callee.name), callee.name), e);
+  }
+
+  // Calls `f` (a built-in function or a macro) with the arguments of call expression `e`.
+  Value call_value(const Value& f, const Expr& e) {
     if (f.is(Value::Kind::function)) return call_function(f.str(), arguments(e));
     if (f.is(Value::Kind::macro)) return call_macro(*f.definition(), arguments(e));
     if (f.is_undefined()) throw_undefined(f);

@@ -10,48 +10,39 @@
 namespace fp4kv::model::jinja {
 
 Value Value::undefined(std::string name) {
-  Value v;
+  Value v(Kind::undefined);
   v.s_ = std::make_shared<const std::string>(std::move(name));
   return v;
 }
 
-Value Value::none() {
-  Value v;
-  v.kind_ = Kind::none;
-  return v;
-}
+Value Value::none() { return Value(Kind::none); }
 
 Value Value::boolean(bool b) {
-  Value v;
-  v.kind_ = Kind::boolean;
+  Value v(Kind::boolean);
   v.b_ = b;
   return v;
 }
 
 Value Value::integer(int64_t i) {
-  Value v;
-  v.kind_ = Kind::integer;
+  Value v(Kind::integer);
   v.i_ = i;
   return v;
 }
 
 Value Value::floating(double d) {
-  Value v;
-  v.kind_ = Kind::floating;
+  Value v(Kind::floating);
   v.f_ = d;
   return v;
 }
 
 Value Value::string(std::string s) {
-  Value v;
-  v.kind_ = Kind::string;
+  Value v(Kind::string);
   v.s_ = std::make_shared<const std::string>(std::move(s));
   return v;
 }
 
 Value Value::list(List items) {
-  Value v;
-  v.kind_ = Kind::list;
+  Value v(Kind::list);
   v.list_ = std::make_shared<const List>(std::move(items));
   return v;
 }
@@ -63,8 +54,7 @@ Value Value::tuple(List items) {
 }
 
 Value Value::dict(Dict entries) {
-  Value v;
-  v.kind_ = Kind::dict;
+  Value v(Kind::dict);
   v.dict_ = std::make_shared<Dict>(std::move(entries));
   return v;
 }
@@ -76,15 +66,13 @@ Value Value::ns(Dict entries) {
 }
 
 Value Value::macro(const Node* definition) {
-  Value v;
-  v.kind_ = Kind::macro;
+  Value v(Kind::macro);
   v.macro_ = definition;
   return v;
 }
 
 Value Value::function(std::string name) {
-  Value v;
-  v.kind_ = Kind::function;
+  Value v(Kind::function);
   v.s_ = std::make_shared<const std::string>(std::move(name));
   return v;
 }
@@ -98,12 +86,16 @@ const Value* Value::find(std::string_view key) const {
 
 void Value::set_member(const std::string& key, Value v) const {
   if (kind_ != Kind::ns) throw TemplateError("only a namespace's attributes can be assigned");
-  for (auto& [k, old] : *dict_)
+  set_entry(*dict_, key, std::move(v));
+}
+
+void set_entry(Dict& entries, const std::string& key, Value v) {
+  for (auto& [k, old] : entries)
     if (k == key) {
       old = std::move(v);
       return;
     }
-  dict_->emplace_back(key, std::move(v));
+  entries.emplace_back(key, std::move(v));
 }
 
 const char* kind_name(Value::Kind k) {

@@ -72,6 +72,8 @@ class Value {
   void set_member(const std::string& key, Value v) const;
 
  private:
+  explicit Value(Kind kind) : kind_(kind) {}
+
   Kind kind_ = Kind::undefined;
   bool b_ = false;
   bool tuple_ = false;
@@ -82,6 +84,9 @@ class Value {
   std::shared_ptr<Dict> dict_;  // mutable only through set_member, for namespaces
   const Node* macro_ = nullptr;
 };
+
+// Sets `key` in `entries` (replacing its value, or appending it: Python's dict order).
+void set_entry(Dict& entries, const std::string& key, Value v);
 
 const char* kind_name(Value::Kind k);
 [[noreturn]] void throw_undefined(const Value& v);  // "'name' is undefined"

@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "fp4kv/core/error.h"
+#include "fp4kv/core/input_file.h"
 
 namespace fp4kv::model {
 
@@ -239,10 +238,8 @@ namespace {
 void add_generation_eos(const std::string& dir, Qwen3Config& c) {
   const std::filesystem::path path = std::filesystem::path(dir) / "generation_config.json";
   if (!std::filesystem::is_regular_file(path)) return;
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  const std::optional<std::string> text = read_file(path.string());
+  const json j = json::parse(text.value_or(""), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) throw Error(path.string() + " is not a JSON object");
   if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return;
   const json& e = j["eos_token_id"];
@@ -262,11 +259,9 @@ Qwen3Config Qwen3Config::load_dir(const std::string& dir) {
   if (!fs::is_directory(dir)) throw Error("model directory " + dir + " is not a directory");
   const fs::path path = fs::path(dir) / "config.json";
   if (fs::is_directory(path)) throw Error("model directory " + dir + ": config.json is a directory, not a file");
-  std::ifstream in(path);
-  if (!in) throw Error("model directory " + dir + " has no config.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  Qwen3Config c = parse(text.str(), path.string());
+  const std::optional<std::string> text = read_file(path.string());
+  if (!text) throw Error("model directory " + dir + " has no config.json");
+  Qwen3Config c = parse(*text, path.string());
   add_generation_eos(dir, c);
   return c;
 }

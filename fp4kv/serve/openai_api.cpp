@@ -9,44 +9,46 @@ namespace fp4kv::serve {
 namespace {
 
 using nlohmann::json;
-using nlohmann::ordered_json;
+// Request bodies keep their key order: a chat's messages and tools reach the template (and
+// its tojson) as the client sent them.
+using RequestJson = nlohmann::ordered_json;
 
 // Stop strings per request at most (OpenAI allows 4; a few more cost nothing).
 constexpr size_t kMaxStopStrings = 16;
 
-std::string type_name(const json& v) { return v.type_name(); }
+std::string type_name(const RequestJson& v) { return v.type_name(); }
 
-ApiError wrong_type(const std::string& field, const std::string& expected, const json& v) {
+ApiError wrong_type(const std::string& field, const std::string& expected, const RequestJson& v) {
   return bad_request("'" + field + "' must be " + expected + ", got " + type_name(v) + " " + v.dump(),
                      "invalid_type");
 }
 
 // A present, non-null field, or nullptr.
-const json* field(const json& body, const char* name) {
+const RequestJson* field(const RequestJson& body, const char* name) {
   const auto it = body.find(name);
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
-long long integer_field(const json& v, const std::string& name) {
+long long integer_field(const RequestJson& v, const std::string& name) {
   if (!v.is_number_integer()) throw wrong_type(name, "an integer", v);
   if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) throw bad_request("'" + name + "' is too large");
   return v.get<long long>();
 }
 
-double number_field(const json& v, const std::string& name) {
+double number_field(const RequestJson& v, const std::string& name) {
   if (!v.is_number()) throw wrong_type(name, "a number", v);
   const double d = v.get<double>();
   if (!std::isfinite(d)) throw bad_request("'" + name + "' must be finite");
   return d;
 }
 
-bool bool_field(const json& v, const std::string& name) {
+bool bool_field(const RequestJson& v, const std::string& name) {
   if (!v.is_boolean()) throw wrong_type(name, "a boolean", v);
   return v.get<bool>();
 }
 
-void parse_prompt(const json& body, const ModelLimits& limits, CompletionRequest& r) {
-  const json* p = field(body, "prompt");
+void parse_prompt(const RequestJson& body, const ModelLimits& limits, CompletionRequest& r) {
+  const RequestJson* p = field(body, "prompt");
   if (!p) throw bad_request("'prompt' is required", "missing_field");
   if (p->is_string()) {
     r.prompt_text = p->get<std::string>();
@@ -62,7 +64,7 @@ void parse_prompt(const json& body, const ModelLimits& limits, CompletionRequest
   }
   r.prompt_is_tokens = true;
   for (size_t i = 0; i < p->size(); ++i) {
-    const json& t = (*p)[i];
+    const RequestJson& t = (*p)[i];
     if (t.is_string() || t.is_array())
       throw bad_request("'prompt' holds several prompts; this server takes one prompt per request (n = 1)");
     const std::string name = "prompt[" + std::to_string(i) + "]";
@@ -74,14 +76,14 @@ void parse_prompt(const json& body, const ModelLimits& limits, CompletionRequest
   }
 }
 
-void parse_stop(const json& body, CompletionRequest& r) {
-  const json* s = field(body, "stop");
+void parse_stop(const RequestJson& body, CompletionRequest& r) {
+  const RequestJson* s = field(body, "stop");
   if (!s) return;
   std::vector<std::string> stops;
   if (s->is_string()) {
     stops.push_back(s->get<std::string>());
   } else if (s->is_array()) {
-    for (const json& e : *s) {
+    for (const RequestJson& e : *s) {
       if (!e.is_string()) throw wrong_type("stop[]", "a string", e);
       stops.push_back(e.get<std::string>());
     }
@@ -96,24 +98,24 @@ void parse_stop(const json& body, CompletionRequest& r) {
   r.params.stop = std::move(stops);
 }
 
-void parse_sampling(const json& body, CompletionRequest& r) {
+void parse_sampling(const RequestJson& body, CompletionRequest& r) {
   SamplingRow& s = r.params.sampling;
-  if (const json* v = field(body, "temperature")) {
+  if (const RequestJson* v = field(body, "temperature")) {
     const double t = number_field(*v, "temperature");
     if (t < 0) throw bad_request("'temperature' must be >= 0, got " + v->dump());
     s.temperature = float(t);
   }
-  if (const json* v = field(body, "top_p")) {
+  if (const RequestJson* v = field(body, "top_p")) {
     const double p = number_field(*v, "top_p");
     if (!(p > 0 && p <= 1)) throw bad_request("'top_p' must be in (0, 1], got " + v->dump());
     s.top_p = float(p);
   }
-  if (const json* v = field(body, "top_k")) {
+  if (const RequestJson* v = field(body, "top_k")) {
     const long long k = integer_field(*v, "top_k");
     if (k < -1 || k > INT32_MAX) throw bad_request("'top_k' must be -1 (all), 0 (all) or positive, got " + v->dump());
     s.top_k = k < 0 ? 0 : int32_t(k);
   }
-  if (const json* v = field(body, "seed")) {
+  if (const RequestJson* v = field(body, "seed")) {
     if (!v->is_number_integer()) throw wrong_type("seed", "an integer", *v);
     if (v->is_number_integer() && !v->is_number_unsigned() && v->get<long long>() < 0)
       throw bad_request("'seed' must be >= 0, got " + v->dump());
@@ -125,17 +127,17 @@ void parse_sampling(const json& body, CompletionRequest& r) {
 
 // Options of the OpenAI API this server does not implement: accepted only at their defaults,
 // so a client never gets a silently different answer.
-void refuse_unsupported(const json& body) {
-  if (const json* v = field(body, "echo"); v && !(v->is_boolean() && !v->get<bool>()))
+void refuse_unsupported(const RequestJson& body) {
+  if (const RequestJson* v = field(body, "echo"); v && !(v->is_boolean() && !v->get<bool>()))
     throw bad_request("'echo' is not supported", "unsupported");
-  if (const json* v = field(body, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
+  if (const RequestJson* v = field(body, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
     throw bad_request("'suffix' is not supported", "unsupported");
-  if (const json* v = field(body, "best_of"); v && !(v->is_number_integer() && v->get<long long>() == 1))
+  if (const RequestJson* v = field(body, "best_of"); v && !(v->is_number_integer() && v->get<long long>() == 1))
     throw bad_request("'best_of' must be 1, got " + v->dump(), "unsupported");
   for (const char* name : {"presence_penalty", "frequency_penalty"})
-    if (const json* v = field(body, name); v && !(v->is_number() && v->get<double>() == 0.0))
+    if (const RequestJson* v = field(body, name); v && !(v->is_number() && v->get<double>() == 0.0))
       throw bad_request(std::string("'") + name + "' is not supported (must be 0), got " + v->dump(), "unsupported");
-  if (const json* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty()))
+  if (const RequestJson* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty()))
     throw bad_request("'logit_bias' is not supported", "unsupported");
 }
 
@@ -151,15 +153,15 @@ ApiError bad_request(const std::string& message, const std::string& code) {
 
 namespace {
 
-json parse_body(const std::string& body_text) {
-  json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+RequestJson parse_body(const std::string& body_text) {
+  RequestJson body = RequestJson::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) throw bad_request("the request body is not valid JSON", "invalid_json");
   if (!body.is_object()) throw bad_request("the request body must be a JSON object, got " + type_name(body), "invalid_json");
   return body;
 }
 
-void check_model(const json& body, const ModelLimits& limits) {
-  if (const json* m = field(body, "model")) {
+void check_model(const RequestJson& body, const ModelLimits& limits) {
+  if (const RequestJson* m = field(body, "model")) {
     if (!m->is_string()) throw wrong_type("model", "a string", *m);
     if (m->get<std::string>() != limits.model_name)
       throw ApiError(kHttpNotFound, "invalid_request_error", "model_not_found",
@@ -168,7 +170,7 @@ void check_model(const json& body, const ModelLimits& limits) {
   }
 }
 
-void parse_max_tokens(const json& v, const std::string& name, const ModelLimits& limits, CompletionRequest& r) {
+void parse_max_tokens(const RequestJson& v, const std::string& name, const ModelLimits& limits, CompletionRequest& r) {
   const long long n = integer_field(v, name);
   if (n < 1) throw bad_request("'" + name + "' must be >= 1, got " + v.dump());
   if (n >= limits.context)
@@ -179,35 +181,36 @@ void parse_max_tokens(const json& v, const std::string& name, const ModelLimits&
 }
 
 // The options completions and chat completions share: n, sampling, stop, streaming, EOS.
-void parse_options(const json& body, CompletionRequest& r) {
-  if (const json* v = field(body, "n"); v && integer_field(*v, "n") != 1)
+void parse_options(const RequestJson& body, CompletionRequest& r) {
+  if (const RequestJson* v = field(body, "n"); v && integer_field(*v, "n") != 1)
     throw bad_request("'n' must be 1 (one completion per request), got " + v->dump(), "unsupported");
   parse_sampling(body, r);
   parse_stop(body, r);
-  if (const json* v = field(body, "stream")) r.stream = bool_field(*v, "stream");
-  if (const json* v = field(body, "stream_options")) {
+  if (const RequestJson* v = field(body, "stream")) r.stream = bool_field(*v, "stream");
+  if (const RequestJson* v = field(body, "stream_options")) {
     if (!v->is_object()) throw wrong_type("stream_options", "an object", *v);
-    if (const json* u = field(*v, "include_usage")) r.include_usage = bool_field(*u, "stream_options.include_usage");
+    if (const RequestJson* u = field(*v, "include_usage"))
+      r.include_usage = bool_field(*u, "stream_options.include_usage");
   }
-  if (const json* v = field(body, "ignore_eos")) r.params.stop_at_eos = !bool_field(*v, "ignore_eos");
-  if (const json* v = field(body, "user"); v && !v->is_string()) throw wrong_type("user", "a string", *v);
+  if (const RequestJson* v = field(body, "ignore_eos")) r.params.stop_at_eos = !bool_field(*v, "ignore_eos");
+  if (const RequestJson* v = field(body, "user"); v && !v->is_string()) throw wrong_type("user", "a string", *v);
   refuse_unsupported(body);
 }
 
 }  // namespace
 
 CompletionRequest parse_completion_request(const std::string& body_text, const ModelLimits& limits) {
-  const json body = parse_body(body_text);
+  const RequestJson body = parse_body(body_text);
   check_model(body, limits);
   CompletionRequest r;
   parse_prompt(body, limits, r);
   r.params.max_tokens = kDefaultMaxTokens;
-  if (const json* v = field(body, "max_tokens")) parse_max_tokens(*v, "max_tokens", limits, r);
+  if (const RequestJson* v = field(body, "max_tokens")) parse_max_tokens(*v, "max_tokens", limits, r);
   if (r.prompt_is_tokens && (long long)r.prompt_tokens.size() + r.params.max_tokens > limits.context)
     throw bad_request("prompt (" + std::to_string(r.prompt_tokens.size()) + " tokens) + max_tokens (" +
                       std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
                       std::to_string(limits.context) + " tokens", "context_length_exceeded");
-  if (const json* v = field(body, "logprobs")) {
+  if (const RequestJson* v = field(body, "logprobs")) {
     const long long n = integer_field(*v, "logprobs");
     if (n < 0 || n > engine::kMaxTopLogprobs)
       throw bad_request("'logprobs' must be 0.." + std::to_string(engine::kMaxTopLogprobs) +
@@ -224,7 +227,7 @@ constexpr const char* kChatRoles[] = {"system", "developer", "user", "assistant"
 
 // A message's content as the template sees it: a string (text parts joined with newlines, as
 // vLLM joins them for templates that take a string), or null.
-ordered_json message_content(const ordered_json& content, const std::string& where, bool may_be_null) {
+RequestJson message_content(const RequestJson& content, const std::string& where, bool may_be_null) {
   if (content.is_string()) return content;
   if (content.is_null()) {
     if (!may_be_null) throw bad_request("'" + where + ".content' is required");
@@ -234,7 +237,7 @@ ordered_json message_content(const ordered_json& content, const std::string& whe
     throw bad_request("'" + where + ".content' must be a string or a list of text parts", "invalid_type");
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
-    const ordered_json& part = content[i];
+    const RequestJson& part = content[i];
     const std::string at = where + ".content[" + std::to_string(i) + "]";
     if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
       throw bad_request("'" + at + "' must be an object with a 'type'", "invalid_type");
@@ -248,14 +251,14 @@ ordered_json message_content(const ordered_json& content, const std::string& whe
   return text;
 }
 
-std::string parse_messages(const ordered_json& body) {
+std::string parse_messages(const RequestJson& body) {
   const auto it = body.find("messages");
   if (it == body.end() || it->is_null()) throw bad_request("'messages' is required", "missing_field");
   if (!it->is_array() || it->empty())
     throw bad_request("'messages' must be a non-empty list of messages", "invalid_type");
-  ordered_json messages = ordered_json::array();
+  RequestJson messages = RequestJson::array();
   for (size_t i = 0; i < it->size(); ++i) {
-    const ordered_json& m = (*it)[i];
+    const RequestJson& m = (*it)[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) throw bad_request("'" + where + "' must be an object", "invalid_type");
     if (!m.contains("role") || !m["role"].is_string())
@@ -263,8 +266,8 @@ std::string parse_messages(const ordered_json& body) {
     const std::string role = m["role"].get<std::string>();
     if (std::find(std::begin(kChatRoles), std::end(kChatRoles), role) == std::end(kChatRoles))
       throw bad_request("'" + where + ".role' = '" + role + "' is not one of system, developer, user, assistant, tool");
-    ordered_json message = m;
-    message["content"] = message_content(m.contains("content") ? m["content"] : ordered_json(nullptr), where,
+    RequestJson message = m;
+    message["content"] = message_content(m.contains("content") ? m["content"] : RequestJson(nullptr), where,
                                          role == "assistant");
     messages.push_back(std::move(message));
   }
@@ -273,7 +276,7 @@ std::string parse_messages(const ordered_json& body) {
 
 // tools: rendered into the prompt. tool_choice "auto" (the default with tools) parses the
 // reply's calls, when the server parses them; "none" keeps the reply text.
-std::string parse_tools(const ordered_json& body, bool tool_call_parsing, bool& parse_calls) {
+std::string parse_tools(const RequestJson& body, bool tool_call_parsing, bool& parse_calls) {
   parse_calls = false;
   const auto tools = body.find("tools");
   const auto choice = body.find("tool_choice");
@@ -293,19 +296,20 @@ std::string parse_tools(const ordered_json& body, bool tool_call_parsing, bool& 
   return tools->dump();
 }
 
-void refuse_unsupported_chat(const json& body) {
-  if (const json* v = field(body, "continue_final_message"); v && !(v->is_boolean() && !v->get<bool>()))
+void refuse_unsupported_chat(const RequestJson& body) {
+  if (const RequestJson* v = field(body, "continue_final_message"); v && !(v->is_boolean() && !v->get<bool>()))
     throw bad_request("'continue_final_message' is not supported", "unsupported");
   if (field(body, "chat_template")) throw bad_request("a per-request 'chat_template' is not supported", "unsupported");
-  if (const json* v = field(body, "parallel_tool_calls"); v && !v->is_boolean())
+  if (const RequestJson* v = field(body, "parallel_tool_calls"); v && !v->is_boolean())
     throw wrong_type("parallel_tool_calls", "a boolean", *v);
-  if (const json* v = field(body, "response_format"); v && !(v->is_object() && v->value("type", "") == "text"))
+  if (const RequestJson* v = field(body, "response_format"); v && !(v->is_object() && v->value("type", "") == "text"))
     throw bad_request("'response_format' other than {\"type\": \"text\"} is not supported", "unsupported");
 }
 
-void parse_chat_logprobs(const json& body, CompletionRequest& r) {
-  const bool wanted = field(body, "logprobs") && bool_field(*field(body, "logprobs"), "logprobs");
-  if (const json* v = field(body, "top_logprobs")) {
+void parse_chat_logprobs(const RequestJson& body, CompletionRequest& r) {
+  const RequestJson* logprobs = field(body, "logprobs");
+  const bool wanted = logprobs && bool_field(*logprobs, "logprobs");
+  if (const RequestJson* v = field(body, "top_logprobs")) {
     const long long n = integer_field(*v, "top_logprobs");
     if (n < 0 || n > engine::kMaxTopLogprobs)
       throw bad_request("'top_logprobs' must be 0.." + std::to_string(engine::kMaxTopLogprobs) + ", got " + v->dump());
@@ -319,21 +323,20 @@ void parse_chat_logprobs(const json& body, CompletionRequest& r) {
 }  // namespace
 
 ChatRequest parse_chat_request(const std::string& body_text, const ModelLimits& limits, bool tool_call_parsing) {
-  const json body = parse_body(body_text);
-  const ordered_json ordered = ordered_json::parse(body_text);  // key order kept for the template
+  const RequestJson body = parse_body(body_text);
   check_model(body, limits);
   ChatRequest r;
   r.options.chat = true;
-  r.conversation.messages_json = parse_messages(ordered);
-  r.conversation.tools_json = parse_tools(ordered, tool_call_parsing, r.options.parse_tool_calls);
-  if (const auto kw = ordered.find("chat_template_kwargs"); kw != ordered.end() && !kw->is_null()) {
+  r.conversation.messages_json = parse_messages(body);
+  r.conversation.tools_json = parse_tools(body, tool_call_parsing, r.options.parse_tool_calls);
+  if (const auto kw = body.find("chat_template_kwargs"); kw != body.end() && !kw->is_null()) {
     if (!kw->is_object()) throw bad_request("'chat_template_kwargs' must be an object", "invalid_type");
     r.conversation.variables_json = kw->dump();
   }
-  if (const json* v = field(body, "add_generation_prompt"))
+  if (const RequestJson* v = field(body, "add_generation_prompt"))
     r.conversation.add_generation_prompt = bool_field(*v, "add_generation_prompt");
-  const json* max_completion = field(body, "max_completion_tokens");
-  const json* max_tokens = field(body, "max_tokens");
+  const RequestJson* max_completion = field(body, "max_completion_tokens");
+  const RequestJson* max_tokens = field(body, "max_tokens");
   if (max_completion && max_tokens && *max_completion != *max_tokens)
     throw bad_request("'max_completion_tokens' and 'max_tokens' differ; send one");
   if (max_completion) parse_max_tokens(*max_completion, "max_completion_tokens", limits, r.options);

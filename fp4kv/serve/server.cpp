@@ -69,6 +69,7 @@ struct HttpServer::Stream {
   bool chat = false;         // chat.completion.chunk events
   bool role_sent = false;    // a chat stream's first event (the assistant role) is written
   std::optional<ToolCallStream> tool_calls;  // a chat whose reply's tool calls are parsed
+  bool called_tools = false;                 // its reply held calls: it finishes with "tool_calls"
   size_t text_offset = 0;    // bytes of the completion the engine produced so far (logprobs' text_offset)
   std::string held;  // bytes of a UTF-8 character not yet complete
   bool ended = false;  // the engine's stream was read to its end
@@ -382,12 +383,12 @@ json HttpServer::stream_chunk(const Stream& s, const std::optional<std::string>&
   }
   const json lp = tokens ? chat_logprobs_json(tokens->tokens, tokens->logprobs, codec_.decode) : json(nullptr);
   const json delta = text ? json{{"content", sanitize_utf8(*text)}} : json::object();
-  return chat_chunk_json(s.name, model_.model_name, s.created, delta, finish, usage, lp);
+  return chat_chunk_json(s.name, model_.model_name, s.created, delta, finish, usage, lp, s.called_tools);
 }
 
 // At a parsed chat stream's end: the content held back (all of it when the blocks were not
 // calls after all) and one delta per call.
-std::string HttpServer::tool_call_events(Stream& s, bool& called_tools) const {
+std::string HttpServer::tool_call_events(Stream& s) const {
   const ParsedReply rest = s.tool_calls->finish();
   std::string events;
   if (!rest.content.empty())
@@ -395,7 +396,7 @@ std::string HttpServer::tool_call_events(Stream& s, bool& called_tools) const {
   for (size_t i = 0; i < rest.calls.size(); ++i)
     events += sse_event(chat_chunk_json(s.name, model_.model_name, s.created, tool_call_delta(s.name, i, rest.calls[i]),
                                         engine::FinishReason::none));
-  called_tools = !rest.calls.empty();
+  s.called_tools = !rest.calls.empty();
   return events;
 }
 
@@ -426,11 +427,8 @@ bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
   s->text_offset += piece.size();
   s->held.erase(0, ready);
   if (last) {
-    bool called_tools = false;
-    if (s->tool_calls) events += tool_call_events(*s, called_tools);
-    events += sse_event(s->chat ? chat_chunk_json(s->name, model_.model_name, s->created, json::object(), c.finished,
-                                                  std::nullopt, nullptr, called_tools)
-                                : stream_chunk(*s, std::nullopt, c.finished, std::nullopt, nullptr));
+    if (s->tool_calls) events += tool_call_events(*s);
+    events += sse_event(stream_chunk(*s, std::nullopt, c.finished, std::nullopt, nullptr));
     if (s->include_usage)
       events += sse_event(
           stream_chunk(*s, std::nullopt, c.finished, Usage{s->prompt_tokens, s->completion_tokens}, nullptr));

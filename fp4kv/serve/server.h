@@ -91,7 +91,7 @@ class HttpServer {
   void respond_stream(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res);
   nlohmann::json stream_chunk(const Stream& s, const std::optional<std::string>& text, engine::FinishReason finish,
                               const std::optional<Usage>& usage, const engine::StreamChunk* tokens) const;
-  std::string tool_call_events(Stream& s, bool& called_tools) const;
+  std::string tool_call_events(Stream& s) const;
   // Reads the engine's next chunk and writes it as events; false when the client is gone.
   bool write_events(Stream& s, httplib::DataSink& sink);
   // Submits under the shutdown lock (a request submitted while shutting down is refused, so

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fp4kv/engine/scheduler.h"
+
 namespace fp4kv::serve {
 
 namespace {
@@ -29,14 +31,6 @@ bool parse_call(const std::string& body, ToolCall& call) {
   else
     call.arguments = args->dump(-1, ' ', /*ensure_ascii=*/false, ordered_json::error_handler_t::replace);
   return true;
-}
-
-// The length of the longest suffix of `s` that is a proper prefix of `tag`.
-size_t partial_tag_suffix(const std::string& s, const char* tag) {
-  const size_t n = std::strlen(tag);
-  for (size_t k = std::min(n - 1, s.size()); k > 0; --k)
-    if (s.compare(s.size() - k, k, tag, k) == 0) return k;
-  return 0;
 }
 
 }  // namespace
@@ -71,7 +65,7 @@ std::string ToolCallStream::feed(const std::string& piece) {
     sent_ += ready;
     return ready;
   }
-  const size_t keep = partial_tag_suffix(held_, kToolCallOpen);
+  const size_t keep = engine::partial_match_at_end(held_, {kToolCallOpen});
   std::string ready = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
   sent_ += ready;
