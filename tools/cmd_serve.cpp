@@ -140,6 +140,9 @@ int run_serve(ServeArgs& a) {
   (void)parse_recipe(a.kv);  // a bad --kv fails before the port is taken
   require(a.server.tool_call_parser.empty() || a.server.tool_call_parser == serve::kHermesToolCalls,
           "--tool-call-parser: '" + a.server.tool_call_parser + "' is not a parser (hermes)");
+  require(a.server.reasoning_parser.empty() || serve::reasoning_syntax(a.server.reasoning_parser),
+          "--reasoning-parser: '" + a.server.reasoning_parser + "' is not a parser (" +
+              serve::reasoning_syntax_names() + ")");
   if (!a.chat_template.empty())  // and a template that does not parse
     a.server.chat_template =
         std::make_shared<const model::ChatTemplate>(model::ChatTemplate::from_file(a.chat_template, a.model_dir));
@@ -204,6 +207,9 @@ Action add_serve(CLI::App& app) {
   sub->add_option("--tool-call-parser", a->server.tool_call_parser,
                   "hermes: <tool_call> blocks in chat replies become tool_calls (Qwen2.5, Qwen3, Hermes templates); "
                   "without it chat requests with tools need tool_choice \"none\"");
+  sub->add_option("--reasoning-parser", a->server.reasoning_parser,
+                  "qwen3 or deepseek_r1: the <think> block of chat replies becomes reasoning_content (qwen3: replies "
+                  "that open one; deepseek_r1: replies start inside one, the template having opened it)");
   sub->add_option("--chat-template", a->chat_template,
                   "Jinja chat template file for /v1/chat/completions (default: the checkpoint's chat_template.jinja "
                   "or tokenizer_config.json chat_template)");

@@ -425,10 +425,12 @@ json tool_call_json(const std::string& id, size_t index, const ToolCall& call) {
 }  // namespace
 
 json chat_completion_json(const std::string& id, const std::string& model, long long created, const ParsedReply& reply,
-                          engine::FinishReason finish, const Usage& usage, const json& logprobs) {
+                          engine::FinishReason finish, const Usage& usage, const json& logprobs,
+                          const std::optional<std::string>& reasoning) {
   json message{{"role", "assistant"}};
-  const bool has_content = reply.calls.empty() || !reply.content.empty();
+  const bool has_content = !reply.content.empty() || (reply.calls.empty() && !reasoning);
   message["content"] = has_content ? json(sanitize_utf8(reply.content)) : json(nullptr);
+  if (reasoning) message["reasoning_content"] = reasoning->empty() ? json(nullptr) : json(sanitize_utf8(*reasoning));
   if (!reply.calls.empty()) {
     message["tool_calls"] = json::array();
     for (size_t i = 0; i < reply.calls.size(); ++i)

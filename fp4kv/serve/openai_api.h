@@ -146,10 +146,13 @@ nlohmann::json completion_chunk_json(const std::string& id, const std::string& m
 // logprobs ({"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}).
 // With tool calls (tool_calls.h) the message's content is null when no text precedes them,
 // each call is {id: <id>_<i>, type: function, function: {name, arguments}}, and a reply
-// that ended by itself finishes with "tool_calls".
+// that ended by itself finishes with "tool_calls". With `reasoning` (a server with a reasoning
+// parser, reasoning.h) the message has reasoning_content (null when empty) and an empty
+// content is null; a streamed delta carries {"reasoning_content": piece}.
 nlohmann::json chat_completion_json(const std::string& id, const std::string& model, long long created,
                                     const ParsedReply& reply, engine::FinishReason finish, const Usage& usage,
-                                    const nlohmann::json& logprobs = nullptr);
+                                    const nlohmann::json& logprobs = nullptr,
+                                    const std::optional<std::string>& reasoning = std::nullopt);
 nlohmann::json chat_chunk_json(const std::string& id, const std::string& model, long long created,
                                const nlohmann::json& delta, engine::FinishReason finish,
                                const std::optional<Usage>& usage = std::nullopt,

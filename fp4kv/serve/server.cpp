@@ -68,6 +68,7 @@ struct HttpServer::Stream {
   bool logprobs = false;     // the request asked for log-probabilities
   bool chat = false;         // chat.completion.chunk events
   bool role_sent = false;    // a chat stream's first event (the assistant role) is written
+  std::optional<ReasoningStream> reasoning;   // a chat whose reply's reasoning is split off
   std::optional<ToolCallStream> tool_calls;  // a chat whose reply's tool calls are parsed
   bool called_tools = false;                 // its reply held calls: it finishes with "tool_calls"
   size_t text_offset = 0;    // bytes of the completion the engine produced so far (logprobs' text_offset)
@@ -83,6 +84,11 @@ HttpServer::HttpServer(ServerConfig config)
                    .count()) {
   require(config_.http_threads >= 1, "serve: http_threads must be >= 1, got " + std::to_string(config_.http_threads));
   require(config_.port >= 0 && config_.port <= 65535, "--port must be in [0, 65535], got " + std::to_string(config_.port));
+  if (!config_.reasoning_parser.empty()) {
+    reasoning_ = reasoning_syntax(config_.reasoning_parser);
+    require(reasoning_.has_value(), "--reasoning-parser: '" + config_.reasoning_parser + "' is not a parser (" +
+                                        reasoning_syntax_names() + ")");
+  }
   const size_t threads = size_t(config_.http_threads);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_payload_max_length(config_.max_body_bytes);
@@ -363,8 +369,11 @@ void HttpServer::respond_whole(const CompletionRequest& r, uint64_t id, int prom
   const std::string name = completion_id(id, r.chat), text = codec_.decode(tokens);
   if (r.chat) {
     const json lp = r.params.logprobs >= 0 ? chat_logprobs_json(tokens, logprobs, codec_.decode) : json(nullptr);
-    const ParsedReply reply = r.parse_tool_calls ? parse_tool_calls(text) : ParsedReply{text, {}};
-    res.set_content(chat_completion_json(name, model_.model_name, created_, reply, reason, usage, lp).dump(), kJson);
+    const ReasoningSplit split = reasoning_ ? split_reasoning(text, *reasoning_) : ReasoningSplit{"", text};
+    const ParsedReply reply = r.parse_tool_calls ? parse_tool_calls(split.content) : ParsedReply{split.content, {}};
+    const std::optional<std::string> reasoning = reasoning_ ? std::optional(split.reasoning) : std::nullopt;
+    res.set_content(chat_completion_json(name, model_.model_name, created_, reply, reason, usage, lp, reasoning).dump(),
+                    kJson);
   } else {
     const json lp = r.params.logprobs >= 0 ? logprobs_json(tokens, logprobs, codec_.decode, 0) : json(nullptr);
     res.set_content(completion_json(name, model_.model_name, created_, text, reason, usage, lp).dump(), kJson);
@@ -375,15 +384,29 @@ void HttpServer::respond_whole(const CompletionRequest& r, uint64_t id, int prom
 // One event of a stream in its endpoint's form: text (a delta for chat; none: the closing
 // chunk), the finish reason, usage, log-probabilities of the chunk's tokens.
 json HttpServer::stream_chunk(const Stream& s, const std::optional<std::string>& text, engine::FinishReason finish,
-                              const std::optional<Usage>& usage, const engine::StreamChunk* tokens) const {
+                              const std::optional<Usage>& usage, const engine::StreamChunk* tokens,
+                              const std::string& reasoning) const {
   if (!s.chat) {
     const json lp =
         tokens ? logprobs_json(tokens->tokens, tokens->logprobs, codec_.decode, s.text_offset) : json(nullptr);
     return completion_chunk_json(s.name, model_.model_name, s.created, text.value_or(""), finish, usage, lp);
   }
   const json lp = tokens ? chat_logprobs_json(tokens->tokens, tokens->logprobs, codec_.decode) : json(nullptr);
-  const json delta = text ? json{{"content", sanitize_utf8(*text)}} : json::object();
+  json delta = json::object();
+  if (!reasoning.empty()) delta["reasoning_content"] = sanitize_utf8(reasoning);
+  if (text && (!text->empty() || reasoning.empty())) delta["content"] = sanitize_utf8(*text);
   return chat_chunk_json(s.name, model_.model_name, s.created, delta, finish, usage, lp, s.called_tools);
+}
+
+ReasoningSplit HttpServer::chat_text(Stream& s, const std::string& text, bool last) const {
+  ReasoningSplit parts = s.reasoning ? s.reasoning->feed(text) : ReasoningSplit{"", text};
+  if (last && s.reasoning) {
+    const ReasoningSplit rest = s.reasoning->finish();
+    parts.reasoning += rest.reasoning;
+    parts.content += rest.content;
+  }
+  if (s.tool_calls) parts.content = s.tool_calls->feed(parts.content);
+  return parts;
 }
 
 // At a parsed chat stream's end: the content held back (all of it when the blocks were not
@@ -420,10 +443,11 @@ bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
   // A chunk with tokens carries their log-probabilities even while its text waits for the
   // rest of a character.
   const bool with_logprobs = s->logprobs && !c.tokens.empty();
-  const std::string text = s->tool_calls ? s->tool_calls->feed(s->held.substr(0, ready)) : s->held.substr(0, ready);
-  if (!text.empty() || with_logprobs)
-    events += sse_event(
-        stream_chunk(*s, text, engine::FinishReason::none, std::nullopt, with_logprobs ? &c : nullptr));
+  const ReasoningSplit text = s->chat ? chat_text(*s, s->held.substr(0, ready), last)
+                                     : ReasoningSplit{"", s->held.substr(0, ready)};
+  if (!text.content.empty() || !text.reasoning.empty() || with_logprobs)
+    events += sse_event(stream_chunk(*s, text.content, engine::FinishReason::none, std::nullopt,
+                                     with_logprobs ? &c : nullptr, text.reasoning));
   s->text_offset += piece.size();
   s->held.erase(0, ready);
   if (last) {
@@ -444,6 +468,7 @@ void HttpServer::respond_stream(const CompletionRequest& r, uint64_t id, int pro
   s->id = id;
   s->name = completion_id(id, r.chat);
   s->chat = r.chat;
+  if (r.chat && reasoning_) s->reasoning.emplace(*reasoning_);
   if (r.parse_tool_calls) s->tool_calls.emplace();
   s->created = created_;
   s->prompt_tokens = prompt_tokens;

@@ -27,6 +27,7 @@
 #include "fp4kv/engine/engine.h"
 #include "fp4kv/serve/metrics.h"
 #include "fp4kv/serve/openai_api.h"
+#include "fp4kv/serve/reasoning.h"
 
 namespace httplib {
 class Server;
@@ -53,6 +54,9 @@ struct ServerConfig {
   // "hermes": chat replies' <tool_call> blocks become tool_calls (tools with tool_choice
   // "auto" are served); empty: tools only with tool_choice "none".
   std::string tool_call_parser;
+  // "qwen3" or "deepseek_r1" (reasoning.h): chat replies' <think> block becomes
+  // reasoning_content; empty: the whole reply is content.
+  std::string reasoning_parser;
 };
 
 class HttpServer {
@@ -90,7 +94,11 @@ class HttpServer {
   void respond_whole(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res);
   void respond_stream(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res);
   nlohmann::json stream_chunk(const Stream& s, const std::optional<std::string>& text, engine::FinishReason finish,
-                              const std::optional<Usage>& usage, const engine::StreamChunk* tokens) const;
+                              const std::optional<Usage>& usage, const engine::StreamChunk* tokens,
+                              const std::string& reasoning = "") const;
+  // A chat stream's text split into reasoning and content by the reasoning parser and the
+  // content's tool calls held back (`last`: the reply's end, what the parsers held released).
+  ReasoningSplit chat_text(Stream& s, const std::string& text, bool last) const;
   std::string tool_call_events(Stream& s) const;
   // Reads the engine's next chunk and writes it as events; false when the client is gone.
   bool write_events(Stream& s, httplib::DataSink& sink);
@@ -110,6 +118,7 @@ class HttpServer {
   ModelLimits model_;
   std::atomic<bool> ready_{false};
   ServerConfig config_;
+  std::optional<ReasoningSyntax> reasoning_;  // config_.reasoning_parser's
   std::unique_ptr<httplib::Server> http_;
   ServerMetrics metrics_;
   long long created_;  // Unix time of start, the `created` of /v1/models

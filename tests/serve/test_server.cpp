@@ -322,7 +322,9 @@ TEST(Server, ToolsAreRenderedAndTheReplyParsed) {
   const ParsedReply expected = parse_tool_calls(alone(s.serving(), rendered, 6, 0, 0));
   const json& message = whole["choices"][0]["message"];
   EXPECT_EQ(message.contains("tool_calls"), !expected.calls.empty());
-  if (expected.calls.empty()) EXPECT_EQ(message["content"], expected.content);
+  if (expected.calls.empty()) {
+    EXPECT_EQ(message["content"], expected.content);
+  }
   body["stream"] = true;
   auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
   ASSERT_TRUE(r);
@@ -708,7 +710,7 @@ TEST(ServeCli, ServesChatCompletionsThroughATemplateFile) {
 std::pair<int, std::string> serve_to_exit(const std::string& args);
 
 // A template file that is missing or outside the template language ends the command before
-// the port is taken, naming the file; so does an unknown tool-call parser.
+// the port is taken, naming the file; so does an unknown tool-call or reasoning parser.
 TEST(ServeCli, ABadChatTemplateIsAClearError) {
   model::testing::TempDir dir;
   model::testing::write_text(dir / "bad.jinja", "{% for m in messages %}");
@@ -720,6 +722,10 @@ TEST(ServeCli, ABadChatTemplateIsAClearError) {
   const auto [code, out] = serve_to_exit("--device cpu --port 0 --tool-call-parser json");
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("--tool-call-parser: 'json' is not a parser"), std::string::npos) << out;
+  const auto [reasoning_code, reasoning_out] = serve_to_exit("--device cpu --port 0 --reasoning-parser r1");
+  EXPECT_EQ(reasoning_code, 2) << reasoning_out;
+  EXPECT_NE(reasoning_out.find("--reasoning-parser: 'r1' is not a parser (qwen3, deepseek_r1)"), std::string::npos)
+      << reasoning_out;
 }
 
 // Every GEMM plan serves (on a CUDA machine the GPU engine times its candidates at start with
