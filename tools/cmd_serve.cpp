@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/recipe.h"
 #include "fp4kv/serve/cpu_engine.h"
+#include "fp4kv/serve/serving.h"
 #include "fp4kv/serve/server.h"
 #include "tools/commands.h"
 #include "tools/device_choice.h"
@@ -45,7 +47,21 @@ struct ServeArgs {
   // run; our GEMV, the fastest at one row, is 2x slower at 8).
   std::string gemm_plans = "heuristic";
   std::string chat_template;  // a Jinja template file for chat completions (else the checkpoint's)
+  std::string generation_config = "auto";  // auto, vllm or a directory (the request defaults' source)
 };
+
+// --generation-config: null for auto (the checkpoint's, read with the model), OpenAI's for
+// vllm, else the directory's generation_config.json (read now: a bad one fails before the
+// port is taken).
+std::optional<serve::RequestDefaults> generation_defaults(const std::string& source) {
+  if (source == "auto") return std::nullopt;
+  if (source == "vllm") return serve::RequestDefaults{};
+  require(std::filesystem::is_directory(source), "--generation-config: '" + source +
+                                                     "' is neither auto, vllm nor a directory");
+  const model::GenerationConfig g = model::read_generation_config(source);
+  require(!g.path.empty(), "--generation-config: " + source + " has no generation_config.json");
+  return serve::request_defaults(g);
+}
 
 // SIGINT and SIGTERM write one byte to a pipe (the only async-signal-safe work); a thread
 // reading the pipe runs the shutdown as ordinary code. (Blocking the signals instead does not
@@ -116,6 +132,9 @@ void load_and_attach(const ServeArgs& a, bool gpu, Loaded& loaded, serve::HttpSe
     std::printf("fp4kv serve: KV capacity %d blocks x %d tokens = %lld tokens (%lld MiB budget, %lld bytes per block)\n",
                 s.capacity.blocks, engine::kBlockTokens, s.capacity.tokens(), s.budget_bytes / kMiB,
                 s.capacity.block_bytes);
+    const serve::RequestDefaults& defaults =
+        a.server.request_defaults ? *a.server.request_defaults : s.limits->defaults;
+    std::printf("fp4kv serve: requests without them get %s\n", defaults.describe().c_str());
     const model::ChatTemplate* chat =
         a.server.chat_template ? a.server.chat_template.get() : s.limits->chat_template.get();
     if (chat)
@@ -140,6 +159,7 @@ int run_serve(ServeArgs& a) {
   (void)parse_recipe(a.kv);  // a bad --kv fails before the port is taken
   require(a.server.tool_call_parser.empty() || a.server.tool_call_parser == serve::kHermesToolCalls,
           "--tool-call-parser: '" + a.server.tool_call_parser + "' is not a parser (hermes)");
+  a.server.request_defaults = generation_defaults(a.generation_config);
   require(a.server.reasoning_parser.empty() || serve::reasoning_syntax(a.server.reasoning_parser),
           "--reasoning-parser: '" + a.server.reasoning_parser + "' is not a parser (" +
               serve::reasoning_syntax_names() + ")");
@@ -210,6 +230,11 @@ Action add_serve(CLI::App& app) {
   sub->add_option("--reasoning-parser", a->server.reasoning_parser,
                   "qwen3 or deepseek_r1: the <think> block of chat replies becomes reasoning_content (qwen3: replies "
                   "that open one; deepseek_r1: replies start inside one, the template having opened it)");
+  sub->add_option("--generation-config", a->generation_config,
+                  "sampling defaults for requests that leave a field out: auto (the checkpoint's "
+                  "generation_config.json: temperature, top_p, top_k, max_new_tokens), vllm (OpenAI's: temperature 1, "
+                  "no top-p/top-k cut) or a directory holding a generation_config.json")
+      ->capture_default_str();
   sub->add_option("--chat-template", a->chat_template,
                   "Jinja chat template file for /v1/chat/completions (default: the checkpoint's chat_template.jinja "
                   "or tokenizer_config.json chat_template)");

@@ -6,6 +6,7 @@
 
 #include "fp4kv/core/error.h"
 #include "fp4kv/core/input_file.h"
+#include "fp4kv/model/generation_config.h"
 
 namespace fp4kv::model {
 
@@ -236,18 +237,12 @@ namespace {
 // end a turn with a token config.json may not name (Qwen3's <|im_end|> beside
 // <|endoftext|>), and transformers' generate and vLLM stop at both.
 void add_generation_eos(const std::string& dir, Qwen3Config& c) {
-  const std::filesystem::path path = std::filesystem::path(dir) / "generation_config.json";
-  if (!std::filesystem::is_regular_file(path)) return;
-  const std::optional<std::string> text = read_file(path.string());
-  const json j = json::parse(text.value_or(""), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) throw Error(path.string() + " is not a JSON object");
-  if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return;
-  const json& e = j["eos_token_id"];
-  std::vector<json> ids = e.is_array() ? std::vector<json>(e.begin(), e.end()) : std::vector<json>{e};
-  for (const json& id : ids) {
-    if (!id.is_number_integer() || id.get<long long>() < 0 || id.get<long long>() >= c.vocab_size)
-      throw Error(path.string() + ": 'eos_token_id' must hold token ids below vocab_size, got " + e.dump());
-    if (!c.is_eos(id.get<int>())) c.eos_token_ids.push_back(id.get<int>());
+  const GenerationConfig g = read_generation_config(dir);
+  for (const long long id : g.eos_token_ids) {
+    if (id >= c.vocab_size)
+      throw Error(g.path + ": 'eos_token_id' must hold token ids below vocab_size " + std::to_string(c.vocab_size) +
+                  ", got " + std::to_string(id));
+    if (!c.is_eos(int(id))) c.eos_token_ids.push_back(int(id));
   }
 }
 

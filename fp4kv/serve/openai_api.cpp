@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <iterator>
 
 namespace fp4kv::serve {
@@ -98,8 +99,11 @@ void parse_stop(const RequestJson& body, CompletionRequest& r) {
   r.params.stop = std::move(stops);
 }
 
-void parse_sampling(const RequestJson& body, CompletionRequest& r) {
+void parse_sampling(const RequestJson& body, const RequestDefaults& defaults, CompletionRequest& r) {
   SamplingRow& s = r.params.sampling;
+  s.temperature = defaults.temperature;
+  s.top_p = defaults.top_p;
+  s.top_k = defaults.top_k;
   if (const RequestJson* v = field(body, "temperature")) {
     const double t = number_field(*v, "temperature");
     if (t < 0) throw bad_request("'temperature' must be >= 0, got " + v->dump());
@@ -143,6 +147,25 @@ void refuse_unsupported(const RequestJson& body) {
 
 }  // namespace
 
+namespace {
+
+std::string format_number(float x) {  // 0.6f as "0.6"
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", double(x));
+  return buf;
+}
+
+}  // namespace
+
+std::string RequestDefaults::describe() const {
+  std::string text = "temperature " + format_number(temperature) + ", top_p " + format_number(top_p) + ", top_k " +
+                     (top_k > 0 ? std::to_string(top_k) : std::string("all"));
+  if (max_tokens) text += ", max_tokens " + std::to_string(*max_tokens);
+  text += origin.empty() ? " (OpenAI's defaults)" : " (from " + origin + ")";
+  for (const auto& [name, value] : not_applied) text += "; not applied: " + name + " " + format_number(value);
+  return text;
+}
+
 json error_body(const std::string& message, const std::string& type, const std::string& code) {
   return json{{"error", {{"message", sanitize_utf8(message)}, {"type", type}, {"code", code}}}};
 }
@@ -181,10 +204,10 @@ void parse_max_tokens(const RequestJson& v, const std::string& name, const Model
 }
 
 // The options completions and chat completions share: n, sampling, stop, streaming, EOS.
-void parse_options(const RequestJson& body, CompletionRequest& r) {
+void parse_options(const RequestJson& body, const RequestDefaults& defaults, CompletionRequest& r) {
   if (const RequestJson* v = field(body, "n"); v && integer_field(*v, "n") != 1)
     throw bad_request("'n' must be 1 (one completion per request), got " + v->dump(), "unsupported");
-  parse_sampling(body, r);
+  parse_sampling(body, defaults, r);
   parse_stop(body, r);
   if (const RequestJson* v = field(body, "stream")) r.stream = bool_field(*v, "stream");
   if (const RequestJson* v = field(body, "stream_options")) {
@@ -217,7 +240,7 @@ CompletionRequest parse_completion_request(const std::string& body_text, const M
                         " (alternatives per token), got " + v->dump());
     r.params.logprobs = int(n);
   }
-  parse_options(body, r);
+  parse_options(body, limits.defaults, r);
   return r;
 }
 
@@ -343,7 +366,7 @@ ChatRequest parse_chat_request(const std::string& body_text, const ModelLimits& 
   else if (max_tokens) parse_max_tokens(*max_tokens, "max_tokens", limits, r.options);
   parse_chat_logprobs(body, r.options);
   refuse_unsupported_chat(body);
-  parse_options(body, r.options);
+  parse_options(body, limits.defaults, r.options);
   return r;
 }
 

@@ -15,6 +15,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -70,6 +71,21 @@ struct CompletionRequest {
   bool parse_tool_calls = false;   // chat with tools, tool_choice "auto": calls parsed from the reply
 };
 
+// What a request gets for a sampling field it leaves out: OpenAI's defaults (temperature 1, no
+// top-p or top-k cut; max_tokens the endpoint's) unless the checkpoint's generation_config.json
+// recommends others, which apply as vLLM's --generation-config auto applies them.
+struct RequestDefaults {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;                         // 0: all tokens
+  std::optional<int> max_tokens;         // max_new_tokens (a request gets at most the rest of the context)
+  std::string origin;                    // the file they come from; empty: OpenAI's
+  std::vector<std::pair<std::string, float>> not_applied;  // recommended fields fp4kv does not implement
+  // "temperature 0.6, top_p 0.95, top_k 20 (from <origin>); not applied: min_p 0.05", for the
+  // start-up line.
+  std::string describe() const;
+};
+
 // What the served model accepts, for the checks the engine cannot word for a client.
 struct ModelLimits {
   std::string model_name;  // the id of GET /v1/models; a request naming another model is 404
@@ -77,11 +93,13 @@ struct ModelLimits {
   int context = 0;         // max positions (prompt + generated)
   // The checkpoint's chat template (model/chat_template.h); null: chat completions answer 400.
   std::shared_ptr<const model::ChatTemplate> chat_template;
+  RequestDefaults defaults;
 };
 
 // Throws ApiError naming the field: malformed JSON, a known field of the wrong type or out of
 // range, n != 1, unsupported options set (echo, logprobs, best_of, suffix, penalties), a
 // prompt that is not one string or one list of token ids, max_tokens beyond the context.
+// Sampling fields left out take limits.defaults.
 CompletionRequest parse_completion_request(const std::string& body, const ModelLimits& limits);
 
 // A chat completion: the conversation the chat template renders into the prompt, and the

@@ -107,6 +107,7 @@ bool HttpServer::attach(engine::Engine& engine, engine::TextCodec codec, ModelLi
   engine_ = &engine;
   codec_ = std::move(codec);
   model_ = std::move(model);
+  if (config_.request_defaults) model_.defaults = *config_.request_defaults;
   engine.start();
   ready_.store(true, std::memory_order_release);
   return true;
@@ -331,6 +332,10 @@ void HttpServer::generate(CompletionRequest& r, const std::vector<int>& prompt, 
                    "prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
                        std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
                        std::to_string(model_.context) + " tokens");
+  if (!r.max_tokens_given && model_.defaults.max_tokens) {  // the model's max_new_tokens, within the context
+    const long long rest = (long long)model_.context - (long long)prompt.size();
+    r.params.max_tokens = int(std::max(1LL, std::min<long long>(*model_.defaults.max_tokens, rest)));
+  }
   if (!r.seeded) r.params.sampling.seed = std::random_device{}();  // request_id 0: the engine's id
   const int prompt_tokens = int(prompt.size());
   const uint64_t id = admit(prompt, r.params);

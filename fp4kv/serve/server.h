@@ -57,6 +57,9 @@ struct ServerConfig {
   // "qwen3" or "deepseek_r1" (reasoning.h): chat replies' <think> block becomes
   // reasoning_content; empty: the whole reply is content.
   std::string reasoning_parser;
+  // What requests get for sampling fields they leave out, instead of the checkpoint's
+  // generation_config.json (null: the checkpoint's, ModelLimits::defaults).
+  std::optional<RequestDefaults> request_defaults;
 };
 
 class HttpServer {

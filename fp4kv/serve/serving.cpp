@@ -22,7 +22,21 @@ ModelLimits model_limits(const std::string& model_dir, const model::Qwen3Config&
   limits.context = c.max_position_embeddings > 0 ? c.max_position_embeddings : INT_MAX;  // 0: not bounded
   if (auto chat = model::ChatTemplate::for_model(model_dir))
     limits.chat_template = std::make_shared<const model::ChatTemplate>(std::move(*chat));
+  limits.defaults = request_defaults(model::read_generation_config(model_dir));
   return limits;
+}
+
+RequestDefaults request_defaults(const model::GenerationConfig& g) {
+  RequestDefaults d;
+  d.temperature = g.temperature.value_or(d.temperature);
+  d.top_p = g.top_p.value_or(d.top_p);
+  d.top_k = std::max(g.top_k.value_or(d.top_k), 0);
+  d.max_tokens = g.max_new_tokens;
+  if (g.temperature || g.top_p || g.top_k || g.max_new_tokens) d.origin = g.path;
+  if (g.repetition_penalty && *g.repetition_penalty != 1.0f)
+    d.not_applied.emplace_back("repetition_penalty", *g.repetition_penalty);
+  if (g.min_p && *g.min_p != 0.0f) d.not_applied.emplace_back("min_p", *g.min_p);
+  return d;
 }
 
 engine::SchedulerConfig scheduler_config(int max_batch, int total_blocks, int prefill_chunk) {

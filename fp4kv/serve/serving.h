@@ -8,6 +8,7 @@
 #include "fp4kv/core/recipe.h"
 #include "fp4kv/engine/block_allocator.h"
 #include "fp4kv/engine/engine.h"
+#include "fp4kv/model/generation_config.h"
 #include "fp4kv/model/qwen3_config.h"
 #include "fp4kv/model/tokenizer.h"
 #include "fp4kv/serve/openai_api.h"
@@ -18,8 +19,13 @@ namespace fp4kv::serve {
 engine::TextCodec text_codec(const model::Tokenizer& tokenizer);
 // The model id is the directory's name; the context is max_position_embeddings (unbounded
 // when the config has none); the chat template is the checkpoint's (model/chat_template.h),
-// if it has one (a template that does not parse throws Error).
+// if it has one (a template that does not parse throws Error); the request defaults are its
+// generation_config.json's (request_defaults).
 ModelLimits model_limits(const std::string& model_dir, const model::Qwen3Config& config);
+// The request defaults a generation config recommends: its temperature, top_p, top_k and
+// max_new_tokens over OpenAI's; a repetition_penalty other than 1 or a min_p other than 0 is
+// listed as not applied (fp4kv samples without them). top_k <= 0 is no cut.
+RequestDefaults request_defaults(const model::GenerationConfig& g);
 // prefill_chunk: prompt tokens one request feeds per step at most, also the step's token
 // budget (decode tokens included; at least max_batch).
 engine::SchedulerConfig scheduler_config(int max_batch, int total_blocks, int prefill_chunk);

@@ -1,6 +1,7 @@
 // The completions and chat completions request rules, the response objects and the UTF-8
 // handling, without a network.
 #include "fp4kv/serve/openai_api.h"
+#include "fp4kv/serve/serving.h"
 
 #include <gtest/gtest.h>
 
@@ -25,6 +26,54 @@ int status_of(const std::string& body) {
 }
 int chat_status(const std::string& body) {
   return status_from([](const std::string& b, const ModelLimits& l) { parse_chat_request(b, l); }, body);
+}
+
+// Sampling fields a request leaves out take the served model's defaults (OpenAI's: temperature
+// 1, no cut; or its generation_config.json's); the request's own values win.
+TEST(OpenAiApi, SamplingFieldsLeftOutTakeTheDefaults) {
+  ModelLimits l = limits();
+  const CompletionRequest openai = parse_completion_request(R"({"prompt":"Hi"})", l);
+  EXPECT_FLOAT_EQ(openai.params.sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(openai.params.sampling.top_p, 1.0f);
+  EXPECT_EQ(openai.params.sampling.top_k, 0);
+  l.defaults.temperature = 0.6f;
+  l.defaults.top_p = 0.95f;
+  l.defaults.top_k = 20;
+  const ChatRequest chat = parse_chat_request(R"({"messages":[{"role":"user","content":"Hi"}],"top_p":0.5})", l);
+  EXPECT_FLOAT_EQ(chat.options.params.sampling.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(chat.options.params.sampling.top_p, 0.5f);
+  EXPECT_EQ(chat.options.params.sampling.top_k, 20);
+  const CompletionRequest own = parse_completion_request(R"({"prompt":"Hi","temperature":0,"top_k":-1})", l);
+  EXPECT_FLOAT_EQ(own.params.sampling.temperature, 0.0f);
+  EXPECT_EQ(own.params.sampling.top_k, 0);
+  EXPECT_FLOAT_EQ(own.params.sampling.top_p, 0.95f);
+  EXPECT_EQ(RequestDefaults{}.describe(), "temperature 1, top_p 1, top_k all (OpenAI's defaults)");
+  l.defaults.max_tokens = 512;
+  l.defaults.origin = "m/generation_config.json";
+  l.defaults.not_applied = {{"repetition_penalty", 1.05f}, {"min_p", 0.05f}};
+  EXPECT_EQ(l.defaults.describe(), "temperature 0.6, top_p 0.95, top_k 20, max_tokens 512 (from "
+                                   "m/generation_config.json); not applied: repetition_penalty 1.05; not applied: "
+                                   "min_p 0.05");
+}
+
+TEST(OpenAiApi, RequestDefaultsFromAGenerationConfig) {
+  model::GenerationConfig g;
+  g.path = "m/generation_config.json";
+  EXPECT_TRUE(request_defaults(g).origin.empty());  // no sampling field: OpenAI's
+  g.eos_token_ids = {7};
+  g.repetition_penalty = 1.0f;
+  g.min_p = 0.0f;
+  EXPECT_TRUE(request_defaults(g).not_applied.empty());  // the neutral values are no loss
+  g.top_k = -1;
+  g.max_new_tokens = 100;
+  g.repetition_penalty = 1.1f;
+  const RequestDefaults d = request_defaults(g);
+  EXPECT_EQ(d.origin, "m/generation_config.json");
+  EXPECT_EQ(d.top_k, 0);
+  EXPECT_FLOAT_EQ(d.temperature, 1.0f);
+  EXPECT_EQ(d.max_tokens, 100);
+  ASSERT_EQ(d.not_applied.size(), 1u);
+  EXPECT_EQ(d.not_applied[0].first, "repetition_penalty");
 }
 
 TEST(OpenAiApi, ParsesAValidRequest) {

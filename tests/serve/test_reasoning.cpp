@@ -248,7 +248,8 @@ class ScriptedServer {
 
 json question(int max_tokens = 200) {
   return json{{"messages", json::array({{{"role", "user"}, {"content", "What is 6 x 7?"}}})},
-              {"max_tokens", max_tokens}};
+              {"max_tokens", max_tokens},
+              {"temperature", 0}};
 }
 
 std::string text_of(const json& v) { return v.is_null() ? std::string() : v.get<std::string>(); }

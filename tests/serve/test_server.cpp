@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -343,6 +344,77 @@ TEST(Server, ToolsAreRenderedAndTheReplyParsed) {
   EXPECT_EQ(finish, whole["choices"][0]["finish_reason"]);
 }
 
+// pk8l with a generation_config.json recommending sampling defaults (its other files linked).
+void write_pk8l_with_defaults(const std::string& dir, const std::string& generation_config) {
+  const std::filesystem::path pk8l = std::filesystem::path(FP4KV_SOURCE_DIR) / "models/pk8l";
+  for (const auto& entry : std::filesystem::directory_iterator(pk8l))
+    if (entry.path().filename() != "generation_config.json")
+      std::filesystem::create_symlink(entry.path(), std::filesystem::path(dir) / entry.path().filename());
+  model::testing::write_text(dir + "/generation_config.json", generation_config);
+}
+
+// A request that leaves the sampling fields and max_tokens out draws with the checkpoint's
+// generation_config.json values (as vLLM's --generation-config auto), its own values win, and
+// the operator's defaults (ServerConfig::request_defaults, --generation-config) replace the file's.
+TEST(Server, RequestsLeavingSamplingOutGetTheCheckpointsDefaults) {
+  model::testing::TempDir dir;
+  write_pk8l_with_defaults(dir.str(), R"({"eos_token_id": 257, "temperature": 0.7, "top_p": 0.9, "top_k": 5,
+                                         "max_new_tokens": 7})");
+  CpuServeSetup setup = pk8l_setup();
+  setup.model_dir = dir.str();
+  RunningServer s("", setup);
+  EXPECT_FLOAT_EQ(s.serving().limits.defaults.temperature, 0.7f);
+  auto generated_alone = [&](const SamplingRow& sampling, int max_tokens) {
+    engine::GenerateOptions o;
+    o.max_tokens = max_tokens;
+    o.sampling = sampling;
+    o.sampling.request_id = kSeededRequestId;
+    o.stop_at_eos = false;
+    std::vector<int> out;
+    engine::generate_on_cpu(*s.serving().model,
+                            eval::recipe_attention(s.serving().model->config(), s.serving().recipe,
+                                                   s.serving().calibration.get()),
+                            s.serving().codec.encode("Once upon"), o, [&out](int t) { out.push_back(t); });
+    return sanitize_utf8(s.serving().codec.decode(out));
+  };
+  SamplingRow recommended;
+  recommended.temperature = 0.7f;
+  recommended.top_p = 0.9f;
+  recommended.top_k = 5;
+  recommended.seed = 3;
+  httplib::Client c = s.client();
+  const json r = post_json(c, json{{"prompt", "Once upon"}, {"seed", 3}, {"ignore_eos", true}});
+  EXPECT_EQ(r["usage"]["completion_tokens"], 7);  // max_new_tokens
+  EXPECT_EQ(r["choices"][0]["text"], generated_alone(recommended, 7));
+  SamplingRow own = recommended;
+  own.temperature = 1.3f;
+  own.top_k = 0;
+  const json mine =
+      post_json(c, json{{"prompt", "Once upon"}, {"seed", 3}, {"ignore_eos", true}, {"temperature", 1.3}, {"top_k", -1},
+                        {"max_tokens", 9}});
+  EXPECT_EQ(mine["choices"][0]["text"], generated_alone(own, 9));
+  s.stop();
+
+  ServerConfig config;  // --generation-config vllm: OpenAI's defaults
+  config.host = "127.0.0.1";
+  config.port = 0;
+  config.request_defaults = RequestDefaults{};
+  CpuServing serving = load_cpu_serving(setup);
+  HttpServer server(*serving.engine, serving.codec, serving.limits, config);
+  const int port = server.bind();
+  std::thread run([&server] { server.run(); });
+  httplib::Client openai("127.0.0.1", port);
+  openai.set_read_timeout(kClientTimeoutSeconds, 0);
+  const json plain = post_json(openai, json{{"prompt", "Once upon"}, {"seed", 3}, {"ignore_eos", true}});
+  EXPECT_EQ(plain["usage"]["completion_tokens"], kDefaultMaxTokens);
+  SamplingRow unit;
+  unit.temperature = 1.0f;
+  unit.seed = 3;
+  EXPECT_EQ(plain["choices"][0]["text"], generated_alone(unit, kDefaultMaxTokens));
+  server.shutdown();
+  run.join();
+}
+
 // Without a template the endpoint says so; the operator's template serves any checkpoint and
 // its raise_exception is the client's 400; tools need tool_choice "none".
 TEST(Server, ChatErrorsSayWhy) {
@@ -636,7 +708,7 @@ TEST(Server, AnswersLoadingUntilAnEngineIsAttached) {
 
 // Runs `fp4kv serve --model pk8l --port 0 EXTRA...`, waits for its "listening" line, asks for
 // /health and a completion, then ends it with SIGTERM: it must exit 0.
-void serve_complete_and_stop(const std::vector<std::string>& extra) {
+void serve_complete_and_stop(const std::vector<std::string>& extra, std::string* start_lines = nullptr) {
   const std::string model = std::string(FP4KV_SOURCE_DIR) + "/models/pk8l";
   std::vector<std::string> args = {FP4KV_CLI, "serve", "--model", model, "--port", "0"};
   args.insert(args.end(), extra.begin(), extra.end());
@@ -669,6 +741,7 @@ void serve_complete_and_stop(const std::vector<std::string>& extra) {
   EXPECT_GT(port, 0) << printed;
   EXPECT_EQ(bound_port, port) << printed;
   EXPECT_NE(printed.find("KV capacity"), std::string::npos) << printed;
+  if (start_lines) *start_lines = printed;
   if (port > 0) {
     httplib::Client c("127.0.0.1", port);
     auto r = c.Get("/health");
@@ -707,10 +780,28 @@ TEST(ServeCli, ServesChatCompletionsThroughATemplateFile) {
   serve_complete_and_stop({"--chat-template", dir / "chat.jinja"});
 }
 
+// The request defaults in force are printed at start: pk8l's generation_config.json has no
+// sampling fields (OpenAI's), a directory's file gives its own, and the file's fields fp4kv
+// does not implement are named.
+TEST(ServeCli, PrintsTheRequestDefaults) {
+  std::string printed;
+  serve_complete_and_stop({}, &printed);
+  EXPECT_NE(printed.find("requests without them get temperature 1, top_p 1, top_k all (OpenAI's defaults)"),
+            std::string::npos) << printed;
+  model::testing::TempDir dir;
+  model::testing::write_text(dir / "generation_config.json",
+                             R"({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.05})");
+  serve_complete_and_stop({"--generation-config", dir.str()}, &printed);
+  EXPECT_NE(printed.find("requests without them get temperature 0.6, top_p 0.95, top_k 20 (from " +
+                         (dir / "generation_config.json") + "); not applied: min_p 0.05"),
+            std::string::npos) << printed;
+}
+
 std::pair<int, std::string> serve_to_exit(const std::string& args);
 
 // A template file that is missing or outside the template language ends the command before
-// the port is taken, naming the file; so does an unknown tool-call or reasoning parser.
+// the port is taken, naming the file; so do an unknown tool-call or reasoning parser and a
+// --generation-config that is no source or holds a bad file.
 TEST(ServeCli, ABadChatTemplateIsAClearError) {
   model::testing::TempDir dir;
   model::testing::write_text(dir / "bad.jinja", "{% for m in messages %}");
@@ -722,6 +813,16 @@ TEST(ServeCli, ABadChatTemplateIsAClearError) {
   const auto [code, out] = serve_to_exit("--device cpu --port 0 --tool-call-parser json");
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("--tool-call-parser: 'json' is not a parser"), std::string::npos) << out;
+  model::testing::TempDir empty;
+  for (const std::string& source : {std::string("hf"), empty.str()}) {
+    const auto [gen_code, gen_out] = serve_to_exit("--device cpu --port 0 --generation-config " + source);
+    EXPECT_EQ(gen_code, 2) << gen_out;
+    EXPECT_NE(gen_out.find("--generation-config: "), std::string::npos) << gen_out;
+  }
+  model::testing::write_text(empty / "generation_config.json", R"({"top_p": 2})");
+  const auto [bad_code, bad_out] = serve_to_exit("--device cpu --port 0 --generation-config " + empty.str());
+  EXPECT_EQ(bad_code, 2) << bad_out;
+  EXPECT_NE(bad_out.find("'top_p' must be in (0, 1]"), std::string::npos) << bad_out;
   const auto [reasoning_code, reasoning_out] = serve_to_exit("--device cpu --port 0 --reasoning-parser r1");
   EXPECT_EQ(reasoning_code, 2) << reasoning_out;
   EXPECT_NE(reasoning_out.find("--reasoning-parser: 'r1' is not a parser (qwen3, deepseek_r1)"), std::string::npos)
