@@ -370,6 +370,50 @@ ChatRequest parse_chat_request(const std::string& body_text, const ModelLimits& 
   return r;
 }
 
+TokenizeRequest parse_tokenize_request(const std::string& body_text, const ModelLimits& limits) {
+  const RequestJson body = parse_body(body_text);
+  check_model(body, limits);
+  if (const RequestJson* v = field(body, "add_special_tokens")) bool_field(*v, "add_special_tokens");
+  const RequestJson* prompt = field(body, "prompt");
+  const bool chat = field(body, "messages") != nullptr;
+  if ((prompt != nullptr) == chat)
+    throw bad_request("send either 'prompt' (text) or 'messages' (a chat)", "missing_field");
+  TokenizeRequest r;
+  r.chat = chat;
+  if (chat) {
+    r.conversation = parse_chat_request(body_text, limits, /*tool_call_parsing=*/true).conversation;
+    return r;
+  }
+  if (!prompt->is_string()) throw wrong_type("prompt", "a string", *prompt);
+  r.prompt = prompt->get<std::string>();
+  if (r.prompt.empty()) throw bad_request("'prompt' is empty");
+  return r;
+}
+
+std::vector<int> parse_detokenize_request(const std::string& body_text, const ModelLimits& limits) {
+  const RequestJson body = parse_body(body_text);
+  check_model(body, limits);
+  const RequestJson* tokens = field(body, "tokens");
+  if (!tokens) throw bad_request("'tokens' is required", "missing_field");
+  if (!tokens->is_array()) throw wrong_type("tokens", "a list of token ids", *tokens);
+  std::vector<int> ids;
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const std::string name = "tokens[" + std::to_string(i) + "]";
+    const long long id = integer_field((*tokens)[i], name);
+    if (id < 0 || id >= limits.vocab_size)
+      throw bad_request("'" + name + "' = " + std::to_string(id) + " is outside the vocabulary [0, " +
+                        std::to_string(limits.vocab_size) + ")");
+    ids.push_back(int(id));
+  }
+  return ids;
+}
+
+json tokenize_json(const std::vector<int>& tokens, int max_model_len) {
+  return json{{"count", tokens.size()}, {"max_model_len", max_model_len}, {"tokens", tokens}};
+}
+
+json detokenize_json(const std::string& text) { return json{{"prompt", sanitize_utf8(text)}}; }
+
 const char* openai_finish_reason(engine::FinishReason r) {
   switch (r) {
     case engine::FinishReason::eos:

@@ -126,6 +126,23 @@ inline constexpr int kDefaultChatMaxTokensUnbounded = 4096;
 // completion options refused there.
 ChatRequest parse_chat_request(const std::string& body, const ModelLimits& limits, bool tool_call_parsing = false);
 
+// POST /tokenize and /detokenize (vLLM's): a prompt, or a chat conversation rendered by the
+// chat template, into the token ids a completion would feed; ids back into text. Throws
+// ApiError naming the field: neither or both of prompt and messages, a prompt that is not a
+// non-empty string, chat fields as parse_chat_request checks them (tools are rendered whatever
+// tool_choice), add_special_tokens not a boolean (fp4kv's tokenizers add no special tokens, so
+// it changes nothing); for /detokenize, tokens not a list of ids in the vocabulary.
+struct TokenizeRequest {
+  bool chat = false;
+  std::string prompt;              // the text to tokenize (not chat)
+  model::ChatInput conversation;   // what the chat template renders (chat)
+};
+TokenizeRequest parse_tokenize_request(const std::string& body, const ModelLimits& limits);
+std::vector<int> parse_detokenize_request(const std::string& body, const ModelLimits& limits);
+// {"count", "max_model_len", "tokens"} and {"prompt"}.
+nlohmann::json tokenize_json(const std::vector<int>& tokens, int max_model_len);
+nlohmann::json detokenize_json(const std::string& text);
+
 // OpenAI's finish_reason: eos and stop strings are "stop", max_tokens "length"; a request the
 // server cancelled (shutdown) ends with "cancelled".
 const char* openai_finish_reason(engine::FinishReason r);

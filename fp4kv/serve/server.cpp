@@ -232,7 +232,7 @@ void HttpServer::routes() {
   using httplib::Response;
   using HR = httplib::Server::HandlerResponse;
   http_->set_pre_routing_handler([this](const Request& req, Response& res) {
-    const bool api = req.path.rfind("/v1/", 0) == 0;
+    const bool api = req.path.rfind("/v1/", 0) == 0 || req.path == kTokenizePath || req.path == kDetokenizePath;
     if (api && !authorized(req)) {
       send_error(res, kHttpUnauthorized, "missing or wrong API key (send `Authorization: Bearer <key>`)",
                  "authentication_error", "invalid_api_key");
@@ -278,6 +278,8 @@ void HttpServer::routes() {
   });
   http_->Post("/v1/chat/completions", [this](const Request& req, Response& res) { chat_completions(req, res); });
   http_->Post("/v1/completions", [this](const Request& req, Response& res) { completions(req, res); });
+  http_->Post(kTokenizePath, [this](const Request& req, Response& res) { tokenize(req, res); });
+  http_->Post(kDetokenizePath, [this](const Request& req, Response& res) { detokenize(req, res); });
 }
 
 void HttpServer::completions(const httplib::Request& req, httplib::Response& res) {
@@ -294,26 +296,46 @@ const model::ChatTemplate* HttpServer::chat_template() const {
   return config_.chat_template ? config_.chat_template.get() : model_.chat_template.get();
 }
 
+std::string HttpServer::render_chat(const model::ChatInput& conversation) const {
+  const model::ChatTemplate* chat = chat_template();
+  if (chat == nullptr)
+    throw ApiError(kHttpBadRequest, "invalid_request_error", "no_chat_template",
+                   "model '" + model_.model_name + "' has no chat template (no chat_template.jinja, none in "
+                   "tokenizer_config.json) and the server was started without --chat-template; use POST "
+                   "/v1/completions with a prompt");
+  try {
+    return chat->render(conversation);
+  } catch (const model::jinja::RaisedError& e) {
+    throw bad_request(std::string("the chat template refuses this conversation: ") + e.what(),
+                      "chat_template_refused");
+  } catch (const model::jinja::TemplateError& e) {
+    throw bad_request(std::string("the chat template cannot render this conversation: ") + e.what(),
+                      "chat_template_error");
+  }
+}
+
+void HttpServer::tokenize(const httplib::Request& req, httplib::Response& res) const {
+  try {
+    const TokenizeRequest r = parse_tokenize_request(req.body, model_);
+    const std::vector<int> ids = codec_.encode(r.chat ? render_chat(r.conversation) : r.prompt);
+    res.set_content(tokenize_json(ids, model_.context).dump(), kJson);
+  } catch (const ApiError& e) {
+    send_error(res, e);
+  }
+}
+
+void HttpServer::detokenize(const httplib::Request& req, httplib::Response& res) const {
+  try {
+    res.set_content(detokenize_json(codec_.decode(parse_detokenize_request(req.body, model_))).dump(), kJson);
+  } catch (const ApiError& e) {
+    send_error(res, e);
+  }
+}
+
 void HttpServer::chat_completions(const httplib::Request& req, httplib::Response& res) {
   try {
     ChatRequest r = parse_chat_request(req.body, model_, config_.tool_call_parser == kHermesToolCalls);
-    const model::ChatTemplate* chat = chat_template();
-    if (chat == nullptr)
-      throw ApiError(kHttpBadRequest, "invalid_request_error", "no_chat_template",
-                     "model '" + model_.model_name + "' has no chat template (no chat_template.jinja, none in "
-                     "tokenizer_config.json) and the server was started without --chat-template; use POST "
-                     "/v1/completions with a prompt");
-    std::string prompt_text;
-    try {
-      prompt_text = chat->render(r.conversation);
-    } catch (const model::jinja::RaisedError& e) {
-      throw bad_request(std::string("the chat template refuses this conversation: ") + e.what(),
-                        "chat_template_refused");
-    } catch (const model::jinja::TemplateError& e) {
-      throw bad_request(std::string("the chat template cannot render this conversation: ") + e.what(),
-                        "chat_template_error");
-    }
-    const std::vector<int> prompt = codec_.encode(prompt_text);
+    const std::vector<int> prompt = codec_.encode(render_chat(r.conversation));
     if (!r.options.max_tokens_given) {  // the rest of the context, as vLLM's default
       const long long rest = (long long)model_.context - (long long)prompt.size();
       r.options.params.max_tokens =

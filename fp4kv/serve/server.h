@@ -3,7 +3,8 @@
 // steps the continuous batch, so all clients share it. Endpoints: POST /v1/completions and
 // POST /v1/chat/completions (JSON or server-sent events; a chat's messages become the prompt
 // through the chat template: the operator's --chat-template, else the checkpoint's; without
-// one it answers 400 no_chat_template), GET /v1/models, GET /health, GET /metrics.
+// one it answers 400 no_chat_template), GET /v1/models, GET /health, GET /metrics, and
+// vLLM's POST /tokenize (a prompt or a rendered chat to ids) and POST /detokenize.
 //
 // Invariants: every request the server submitted is either read to its end or cancelled and
 // drained (a client that leaves mid-stream cancels its request, so its blocks are freed);
@@ -40,6 +41,9 @@ namespace fp4kv::serve {
 
 // Request bodies above this are refused with 413 (a prompt of a whole context is far smaller).
 inline constexpr size_t kMaxBodyBytes = size_t(1) << 20;
+// vLLM's tokenizer endpoints (outside /v1, guarded by the API key as /v1 is).
+inline constexpr const char* kTokenizePath = "/tokenize";
+inline constexpr const char* kDetokenizePath = "/detokenize";
 // The tool-call parser of --tool-call-parser (tool_calls.h).
 inline constexpr const char* kHermesToolCalls = "hermes";
 
@@ -90,6 +94,11 @@ class HttpServer {
   void routes();
   void completions(const httplib::Request& req, httplib::Response& res);
   void chat_completions(const httplib::Request& req, httplib::Response& res);
+  void tokenize(const httplib::Request& req, httplib::Response& res) const;
+  void detokenize(const httplib::Request& req, httplib::Response& res) const;
+  // The prompt text of a conversation through the chat template in force. Throws ApiError
+  // (no template, a template's refusal or failure).
+  std::string render_chat(const model::ChatInput& conversation) const;
   // Submits `prompt` for `r` and answers with the whole completion or its stream. Throws ApiError.
   void generate(CompletionRequest& r, const std::vector<int>& prompt, httplib::Response& res);
   // The chat template in force, or null.

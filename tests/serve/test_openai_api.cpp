@@ -76,6 +76,42 @@ TEST(OpenAiApi, RequestDefaultsFromAGenerationConfig) {
   EXPECT_EQ(d.not_applied[0].first, "repetition_penalty");
 }
 
+TEST(OpenAiApi, TokenizeAndDetokenizeRequests) {
+  const TokenizeRequest text = parse_tokenize_request(R"({"model":"pk8l","prompt":"Hi","add_special_tokens":false})",
+                                                      limits());
+  EXPECT_FALSE(text.chat);
+  EXPECT_EQ(text.prompt, "Hi");
+  const TokenizeRequest chat = parse_tokenize_request(
+      R"({"messages":[{"role":"user","content":"Hi"}],"add_generation_prompt":false,
+          "tools":[{"type":"function","function":{"name":"f"}}]})",
+      limits());
+  EXPECT_TRUE(chat.chat);
+  EXPECT_FALSE(chat.conversation.add_generation_prompt);
+  EXPECT_NE(chat.conversation.tools_json.find("\"f\""), std::string::npos);
+  auto tokenize_status = [](const std::string& body) {
+    return status_from([](const std::string& b, const ModelLimits& l) { parse_tokenize_request(b, l); }, body);
+  };
+  EXPECT_EQ(tokenize_status(R"({})"), 400);
+  EXPECT_EQ(tokenize_status(R"({"prompt":"a","messages":[{"role":"user","content":"a"}]})"), 400);
+  EXPECT_EQ(tokenize_status(R"({"prompt":""})"), 400);
+  EXPECT_EQ(tokenize_status(R"({"prompt":[1,2]})"), 400);
+  EXPECT_EQ(tokenize_status(R"({"prompt":"a","add_special_tokens":"yes"})"), 400);
+  EXPECT_EQ(tokenize_status(R"({"prompt":"a","model":"other"})"), 404);
+  EXPECT_EQ(tokenize_status(R"({"messages":[{"role":"robot","content":"a"}]})"), 400);
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens":[104,105]})", limits()), (std::vector<int>{104, 105}));
+  EXPECT_TRUE(parse_detokenize_request(R"({"tokens":[]})", limits()).empty());
+  auto detokenize_status = [](const std::string& body) {
+    return status_from([](const std::string& b, const ModelLimits& l) { parse_detokenize_request(b, l); }, body);
+  };
+  EXPECT_EQ(detokenize_status(R"({})"), 400);
+  EXPECT_EQ(detokenize_status(R"({"tokens":"hi"})"), 400);
+  EXPECT_EQ(detokenize_status(R"({"tokens":[258]})"), 400);
+  EXPECT_EQ(detokenize_status(R"({"tokens":[-1]})"), 400);
+  EXPECT_EQ(detokenize_status(R"({"tokens":[1.5]})"), 400);
+  EXPECT_EQ(tokenize_json({5, 6}, 64), (nlohmann::json{{"count", 2}, {"max_model_len", 64}, {"tokens", {5, 6}}}));
+  EXPECT_EQ(detokenize_json("\xff"), (nlohmann::json{{"prompt", "\xef\xbf\xbd"}}));  // made valid UTF-8
+}
+
 TEST(OpenAiApi, ParsesAValidRequest) {
   const CompletionRequest r = parse_completion_request(
       R"({"model":"pk8l","prompt":"Hi","max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":3,"seed":7,"stop":["x","y"],"stream":true})",

@@ -415,6 +415,42 @@ TEST(Server, RequestsLeavingSamplingOutGetTheCheckpointsDefaults) {
   run.join();
 }
 
+// /tokenize gives the ids a completion feeds (a prompt through the tokenizer, a chat through
+// the template first), /detokenize the text back; both checked and guarded by the API key.
+TEST(Server, TokenizeAndDetokenize) {
+  model::testing::TempDir dir;
+  write_chat_checkpoint(dir.str());
+  RunningServer s("key", chat_setup(dir.str()));
+  httplib::Client c = s.client();
+  c.set_bearer_token_auth("key");
+  auto post = [&c](const std::string& path, const json& body, int status) {
+    auto r = c.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    if (!r) return json();
+    EXPECT_EQ(r->status, status) << r->body;
+    return json::parse(r->body, nullptr, false);
+  };
+  const json text = post("/tokenize", json{{"prompt", "Hello, world!"}}, 200);
+  const std::vector<int> ids = s.serving().codec.encode("Hello, world!");
+  EXPECT_EQ(text["tokens"].get<std::vector<int>>(), ids);
+  EXPECT_EQ(text["count"], ids.size());
+  EXPECT_EQ(text["max_model_len"], s.serving().limits.context);
+  const json messages = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  const json chat = post("/tokenize", json{{"messages", messages}}, 200);
+  model::ChatInput input;
+  input.messages_json = messages.dump();
+  EXPECT_EQ(chat["tokens"].get<std::vector<int>>(),
+            s.serving().codec.encode(s.serving().limits.chat_template->render(input)));
+  const json back = post("/detokenize", json{{"tokens", ids}}, 200);
+  EXPECT_EQ(back["prompt"], "Hello, world!");
+  EXPECT_EQ(post("/detokenize", json{{"tokens", {-3}}}, 400)["error"]["code"], "invalid_request");
+  EXPECT_EQ(post("/tokenize", json{{"text", "x"}}, 400)["error"]["code"], "missing_field");
+  httplib::Client anonymous = s.client();
+  auto refused = anonymous.Post("/tokenize", R"({"prompt": "x"})", "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+}
+
 // Without a template the endpoint says so; the operator's template serves any checkpoint and
 // its raise_exception is the client's 400; tools need tool_choice "none".
 TEST(Server, ChatErrorsSayWhy) {
