@@ -127,8 +127,12 @@ void load_and_attach(const ServeArgs& a, bool gpu, Loaded& loaded, serve::HttpSe
   try {
     const Served s = load_engine(a, gpu, loaded);
     if (!server.attach(*s.engine, *s.codec, *s.limits)) return;  // shut down while loading
-    std::printf("fp4kv serve: model '%s' (context %d), kv %s, device %s, max batch %d\n",
-                s.limits->model_name.c_str(), s.limits->context, s.recipe.c_str(), s.device.c_str(), a.max_batch);
+    std::string names;
+    for (const std::string& n : a.server.served_model_names.empty() ? std::vector<std::string>{s.limits->model_name}
+                                                                    : a.server.served_model_names)
+      names += (names.empty() ? "'" : ", '") + n + "'";
+    std::printf("fp4kv serve: model %s (context %d), kv %s, device %s, max batch %d\n", names.c_str(),
+                s.limits->context, s.recipe.c_str(), s.device.c_str(), a.max_batch);
     std::printf("fp4kv serve: KV capacity %d blocks x %d tokens = %lld tokens (%lld MiB budget, %lld bytes per block)\n",
                 s.capacity.blocks, engine::kBlockTokens, s.capacity.tokens(), s.budget_bytes / kMiB,
                 s.capacity.block_bytes);
@@ -160,6 +164,8 @@ int run_serve(ServeArgs& a) {
   require(a.server.tool_call_parser.empty() || a.server.tool_call_parser == serve::kHermesToolCalls,
           "--tool-call-parser: '" + a.server.tool_call_parser + "' is not a parser (hermes)");
   a.server.request_defaults = generation_defaults(a.generation_config);
+  for (const std::string& name : a.server.served_model_names)
+    require(!name.empty(), "--served-model-name: a name must not be empty");
   require(a.server.reasoning_parser.empty() || serve::reasoning_syntax(a.server.reasoning_parser),
           "--reasoning-parser: '" + a.server.reasoning_parser + "' is not a parser (" +
               serve::reasoning_syntax_names() + ")");
@@ -230,6 +236,9 @@ Action add_serve(CLI::App& app) {
   sub->add_option("--reasoning-parser", a->server.reasoning_parser,
                   "qwen3 or deepseek_r1: the <think> block of chat replies becomes reasoning_content (qwen3: replies "
                   "that open one; deepseek_r1: replies start inside one, the template having opened it)");
+  sub->add_option("--served-model-name", a->server.served_model_names,
+                  "the model's names in the API (responses carry the first; requests may name any); default: the "
+                  "checkpoint directory's name");
   sub->add_option("--generation-config", a->generation_config,
                   "sampling defaults for requests that leave a field out: auto (the checkpoint's "
                   "generation_config.json: temperature, top_p, top_k, max_new_tokens), vllm (OpenAI's: temperature 1, "

@@ -186,10 +186,11 @@ RequestJson parse_body(const std::string& body_text) {
 void check_model(const RequestJson& body, const ModelLimits& limits) {
   if (const RequestJson* m = field(body, "model")) {
     if (!m->is_string()) throw wrong_type("model", "a string", *m);
-    if (m->get<std::string>() != limits.model_name)
+    const std::string& name = m->get_ref<const std::string&>();
+    if (name != limits.model_name &&
+        std::find(limits.other_names.begin(), limits.other_names.end(), name) == limits.other_names.end())
       throw ApiError(kHttpNotFound, "invalid_request_error", "model_not_found",
-                     "model '" + m->get<std::string>() + "' is not served here; this server serves '" +
-                         limits.model_name + "'");
+                     "model '" + name + "' is not served here; this server serves '" + limits.model_name + "'");
   }
 }
 

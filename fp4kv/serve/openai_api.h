@@ -88,12 +88,13 @@ struct RequestDefaults {
 
 // What the served model accepts, for the checks the engine cannot word for a client.
 struct ModelLimits {
-  std::string model_name;  // the id of GET /v1/models; a request naming another model is 404
+  std::string model_name;  // the id of GET /v1/models and of responses
   int vocab_size = 0;
   int context = 0;         // max positions (prompt + generated)
   // The checkpoint's chat template (model/chat_template.h); null: chat completions answer 400.
   std::shared_ptr<const model::ChatTemplate> chat_template;
   RequestDefaults defaults;
+  std::vector<std::string> other_names;  // also answered to; a request naming any other model is 404
 };
 
 // Throws ApiError naming the field: malformed JSON, a known field of the wrong type or out of

@@ -108,6 +108,10 @@ bool HttpServer::attach(engine::Engine& engine, engine::TextCodec codec, ModelLi
   codec_ = std::move(codec);
   model_ = std::move(model);
   if (config_.request_defaults) model_.defaults = *config_.request_defaults;
+  if (!config_.served_model_names.empty()) {
+    model_.model_name = config_.served_model_names.front();
+    model_.other_names.assign(config_.served_model_names.begin() + 1, config_.served_model_names.end());
+  }
   engine.start();
   ready_.store(true, std::memory_order_release);
   return true;
@@ -227,6 +231,16 @@ bool HttpServer::authorized(const httplib::Request& req) const {
   return same_secret(header.substr(std::string(kBearer).size()), config_.api_key);
 }
 
+namespace {
+
+std::vector<std::string> served_names(const ModelLimits& model) {
+  std::vector<std::string> names{model.model_name};
+  names.insert(names.end(), model.other_names.begin(), model.other_names.end());
+  return names;
+}
+
+}  // namespace
+
 void HttpServer::routes() {
   using httplib::Request;
   using httplib::Response;
@@ -272,9 +286,11 @@ void HttpServer::routes() {
     res.set_content(metrics_.render(engine_->counters()), "text/plain; version=0.0.4");
   });
   http_->Get("/v1/models", [this](const Request&, Response& res) {
-    const json model{{"id", model_.model_name}, {"object", "model"},     {"created", created_},
-                     {"owned_by", "fp4kv"},     {"max_model_len", model_.context}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), kJson);
+    json data = json::array();
+    for (const std::string& name : served_names(model_))
+      data.push_back(json{{"id", name},          {"object", "model"},          {"created", created_},
+                          {"owned_by", "fp4kv"}, {"max_model_len", model_.context}});
+    res.set_content(json{{"object", "list"}, {"data", data}}.dump(), kJson);
   });
   http_->Post("/v1/chat/completions", [this](const Request& req, Response& res) { chat_completions(req, res); });
   http_->Post("/v1/completions", [this](const Request& req, Response& res) { completions(req, res); });

@@ -24,6 +24,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "fp4kv/engine/engine.h"
 #include "fp4kv/serve/metrics.h"
@@ -64,6 +65,9 @@ struct ServerConfig {
   // What requests get for sampling fields they leave out, instead of the checkpoint's
   // generation_config.json (null: the checkpoint's, ModelLimits::defaults).
   std::optional<RequestDefaults> request_defaults;
+  // The model's ids in the API (the first in responses; requests may name any), instead of
+  // the checkpoint directory's name (empty: that name).
+  std::vector<std::string> served_model_names;
 };
 
 class HttpServer {

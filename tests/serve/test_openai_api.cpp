@@ -179,6 +179,11 @@ TEST(OpenAiApi, RefusesBadRequests) {
   EXPECT_EQ(status_of(R"({"prompt":"a","logprobs":true})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","model":"other"})"), 404);
   EXPECT_EQ(status_of(R"({"prompt":"a","unknown_field":{"x":1}})"), 200);  // unknown fields are ignored
+  ModelLimits named = limits();
+  named.other_names = {"other", "Qwen/Qwen3-4B"};
+  EXPECT_NO_THROW(parse_completion_request(R"({"prompt":"a","model":"Qwen/Qwen3-4B"})", named));
+  EXPECT_NO_THROW(parse_completion_request(R"({"prompt":"a","model":"pk8l"})", named));
+  EXPECT_THROW(parse_completion_request(R"({"prompt":"a","model":"qwen3"})", named), ApiError);
 }
 
 // A chat request: the conversation as the template will see it (text parts joined, other

@@ -415,6 +415,34 @@ TEST(Server, RequestsLeavingSamplingOutGetTheCheckpointsDefaults) {
   run.join();
 }
 
+// --served-model-name: /v1/models lists the names, responses carry the first, requests may
+// name any, and the directory's name is no longer one of them.
+TEST(Server, ServedModelNames) {
+  CpuServing serving = load_cpu_serving(pk8l_setup());
+  ServerConfig config;
+  config.host = "127.0.0.1";
+  config.port = 0;
+  config.served_model_names = {"Qwen/Qwen3-4B", "qwen3"};
+  HttpServer server(*serving.engine, serving.codec, serving.limits, config);
+  const int port = server.bind();
+  std::thread run([&server] { server.run(); });
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(kClientTimeoutSeconds, 0);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json data = json::parse(models->body)["data"];
+  ASSERT_EQ(data.size(), 2u);
+  EXPECT_EQ(data[0]["id"], "Qwen/Qwen3-4B");
+  EXPECT_EQ(data[1]["id"], "qwen3");
+  json body = request("Hello", 2);
+  body["model"] = "qwen3";
+  EXPECT_EQ(post_json(c, body)["model"], "Qwen/Qwen3-4B");
+  body["model"] = "pk8l";
+  EXPECT_EQ(post_json(c, body, 404)["error"]["code"], "model_not_found");
+  server.shutdown();
+  run.join();
+}
+
 // /tokenize gives the ids a completion feeds (a prompt through the tokenizer, a chat through
 // the template first), /detokenize the text back; both checked and guarded by the API key.
 TEST(Server, TokenizeAndDetokenize) {
@@ -816,18 +844,20 @@ TEST(ServeCli, ServesChatCompletionsThroughATemplateFile) {
   serve_complete_and_stop({"--chat-template", dir / "chat.jinja"});
 }
 
-// The request defaults in force are printed at start: pk8l's generation_config.json has no
-// sampling fields (OpenAI's), a directory's file gives its own, and the file's fields fp4kv
-// does not implement are named.
-TEST(ServeCli, PrintsTheRequestDefaults) {
+// The names and request defaults in force are printed at start: pk8l's generation_config.json
+// has no sampling fields (OpenAI's), a directory's file gives its own, and the file's fields
+// fp4kv does not implement are named.
+TEST(ServeCli, PrintsTheNamesAndRequestDefaults) {
   std::string printed;
   serve_complete_and_stop({}, &printed);
+  EXPECT_NE(printed.find("model 'pk8l' (context"), std::string::npos) << printed;
   EXPECT_NE(printed.find("requests without them get temperature 1, top_p 1, top_k all (OpenAI's defaults)"),
             std::string::npos) << printed;
   model::testing::TempDir dir;
   model::testing::write_text(dir / "generation_config.json",
                              R"({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.05})");
-  serve_complete_and_stop({"--generation-config", dir.str()}, &printed);
+  serve_complete_and_stop({"--generation-config", dir.str(), "--served-model-name", "a", "b/c"}, &printed);
+  EXPECT_NE(printed.find("model 'a', 'b/c' (context"), std::string::npos) << printed;
   EXPECT_NE(printed.find("requests without them get temperature 0.6, top_p 0.95, top_k 20 (from " +
                          (dir / "generation_config.json") + "); not applied: min_p 0.05"),
             std::string::npos) << printed;
