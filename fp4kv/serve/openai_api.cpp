@@ -67,7 +67,7 @@ void parse_prompt(const RequestJson& body, const ModelLimits& limits, Completion
   for (size_t i = 0; i < p->size(); ++i) {
     const RequestJson& t = (*p)[i];
     if (t.is_string() || t.is_array())
-      throw bad_request("'prompt' holds several prompts; this server takes one prompt per request (n = 1)");
+      throw bad_request("'prompt' holds several prompts; this server takes one prompt per request");
     const std::string name = "prompt[" + std::to_string(i) + "]";
     const long long id = integer_field(t, name);
     if (id < 0 || id >= limits.vocab_size)
@@ -206,8 +206,12 @@ void parse_max_tokens(const RequestJson& v, const std::string& name, const Model
 
 // The options completions and chat completions share: n, sampling, stop, streaming, EOS.
 void parse_options(const RequestJson& body, const RequestDefaults& defaults, CompletionRequest& r) {
-  if (const RequestJson* v = field(body, "n"); v && integer_field(*v, "n") != 1)
-    throw bad_request("'n' must be 1 (one completion per request), got " + v->dump(), "unsupported");
+  if (const RequestJson* v = field(body, "n")) {
+    const long long n = integer_field(*v, "n");
+    if (n < 1 || n > kMaxChoices)
+      throw bad_request("'n' must be 1.." + std::to_string(kMaxChoices) + ", got " + v->dump());
+    r.n = int(n);
+  }
   parse_sampling(body, defaults, r);
   parse_stop(body, r);
   if (const RequestJson* v = field(body, "stream")) r.stream = bool_field(*v, "stream");
@@ -459,7 +463,8 @@ json completion_json(const std::string& id, const std::string& model, long long 
 }
 
 json completion_chunk_json(const std::string& id, const std::string& model, long long created, const std::string& text,
-                           engine::FinishReason finish, const std::optional<Usage>& usage, const json& logprobs) {
+                           engine::FinishReason finish, const std::optional<Usage>& usage, const json& logprobs,
+                           int index) {
   json j{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model}};
   if (usage) {
     j["choices"] = json::array();
@@ -467,7 +472,7 @@ json completion_chunk_json(const std::string& id, const std::string& model, long
     return j;
   }
   const char* reason = openai_finish_reason(finish);
-  json choice{{"index", 0}, {"text", sanitize_utf8(text)}, {"logprobs", logprobs},
+  json choice{{"index", index}, {"text", sanitize_utf8(text)}, {"logprobs", logprobs},
               {"finish_reason", reason ? json(reason) : json(nullptr)}};
   j["choices"] = json::array({choice});
   return j;
@@ -514,14 +519,14 @@ json chat_completion_json(const std::string& id, const std::string& model, long 
 
 json chat_chunk_json(const std::string& id, const std::string& model, long long created, const json& delta,
                      engine::FinishReason finish, const std::optional<Usage>& usage, const json& logprobs,
-                     bool called_tools) {
+                     bool called_tools, int index) {
   json j{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model}};
   if (usage) {
     j["choices"] = json::array();
     j["usage"] = usage_json(*usage);
     return j;
   }
-  json choice{{"index", 0}, {"delta", delta}, {"logprobs", logprobs},
+  json choice{{"index", index}, {"delta", delta}, {"logprobs", logprobs},
               {"finish_reason", chat_finish_reason(finish, called_tools)}};
   j["choices"] = json::array({choice});
   return j;

@@ -48,6 +48,9 @@ inline constexpr int kHttpPayloadTooLarge = 413;
 inline constexpr int kHttpInternalError = 500;
 inline constexpr int kHttpUnavailable = 503;
 
+// The most choices (`n`) one request may ask for: each is an engine request of its own.
+inline constexpr int kMaxChoices = 16;
+
 // OpenAI's default when max_tokens is absent.
 inline constexpr int kDefaultMaxTokens = 16;
 // Seeded draws use this fixed request id, so one seed gives one text whatever the engine's
@@ -65,6 +68,7 @@ struct CompletionRequest {
   engine::RequestParams params;
   bool max_tokens_given = false;   // else params.max_tokens is the endpoint's default
   bool seeded = false;             // the client gave a seed (else the server draws one)
+  int n = 1;                       // choices: n engine requests of the same prompt
   bool stream = false;
   bool include_usage = false;      // stream_options.include_usage: a last chunk with usage
   bool chat = false;               // a chat completion: chat.completion objects and chunks
@@ -98,7 +102,7 @@ struct ModelLimits {
 };
 
 // Throws ApiError naming the field: malformed JSON, a known field of the wrong type or out of
-// range, n != 1, unsupported options set (echo, logprobs, best_of, suffix, penalties), a
+// range, n outside 1..kMaxChoices, unsupported options set (echo, best_of, suffix, penalties), a
 // prompt that is not one string or one list of token ids, max_tokens beyond the context.
 // Sampling fields left out take limits.defaults.
 CompletionRequest parse_completion_request(const std::string& body, const ModelLimits& limits);
@@ -122,7 +126,7 @@ inline constexpr int kDefaultChatMaxTokensUnbounded = 4096;
 // add_generation_prompt. Tools render into the prompt; with tool_choice "auto" (the default
 // with tools) the reply's Hermes-form calls become tool_calls, which needs
 // `tool_call_parsing` (the server's --tool-call-parser hermes); "none" leaves the reply text;
-// "required" and a named function are refused (they need constrained decoding). Refused: n != 1,
+// "required" and a named function are refused (they need constrained decoding). Refused:
 // continue_final_message, a per-request chat_template, non-text content parts, and the
 // completion options refused there.
 ChatRequest parse_chat_request(const std::string& body, const ModelLimits& limits, bool tool_call_parsing = false);
@@ -175,7 +179,7 @@ nlohmann::json completion_json(const std::string& id, const std::string& model, 
 nlohmann::json completion_chunk_json(const std::string& id, const std::string& model, long long created,
                                      const std::string& text, engine::FinishReason finish,
                                      const std::optional<Usage>& usage = std::nullopt,
-                                     const nlohmann::json& logprobs = nullptr);
+                                     const nlohmann::json& logprobs = nullptr, int index = 0);
 // The chat forms: a chat.completion object (message {role: assistant, content}); a
 // chat.completion.chunk with `delta` ({"role": "assistant", "content": ""} first, then
 // {"content": piece}, {} with the finish reason; no choices on the usage chunk); and chat
@@ -192,7 +196,7 @@ nlohmann::json chat_completion_json(const std::string& id, const std::string& mo
 nlohmann::json chat_chunk_json(const std::string& id, const std::string& model, long long created,
                                const nlohmann::json& delta, engine::FinishReason finish,
                                const std::optional<Usage>& usage = std::nullopt,
-                               const nlohmann::json& logprobs = nullptr, bool called_tools = false);
+                               const nlohmann::json& logprobs = nullptr, bool called_tools = false, int index = 0);
 // A streamed call: {"tool_calls": [{index, id, type, function: {name, arguments}}]}.
 nlohmann::json tool_call_delta(const std::string& id, size_t index, const ToolCall& call);
 nlohmann::json chat_logprobs_json(const std::vector<int>& tokens, const std::vector<engine::TokenLogprobs>& logprobs,

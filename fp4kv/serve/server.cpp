@@ -57,17 +57,15 @@ std::string error_type(int status) {
 
 }  // namespace
 
-// One streamed completion: what the content provider has read and sent so far.
+// One streamed choice: what the content provider has read and sent so far.
 struct HttpServer::Stream {
   uint64_t id = 0;
-  std::string name;
+  int index = 0;             // the choice's index
+  std::string name;          // the completion's id (every choice's)
   long long created = 0;
-  int prompt_tokens = 0;
   int completion_tokens = 0;
-  bool include_usage = false;
   bool logprobs = false;     // the request asked for log-probabilities
   bool chat = false;         // chat.completion.chunk events
-  bool role_sent = false;    // a chat stream's first event (the assistant role) is written
   std::optional<ReasoningStream> reasoning;   // a chat whose reply's reasoning is split off
   std::optional<ToolCallStream> tool_calls;  // a chat whose reply's tool calls are parsed
   bool called_tools = false;                 // its reply held calls: it finishes with "tool_calls"
@@ -75,6 +73,18 @@ struct HttpServer::Stream {
   std::string held;  // bytes of a UTF-8 character not yet complete
   bool ended = false;  // the engine's stream was read to its end
   Clock::time_point submitted, first_token;
+};
+
+// A streamed request: its choices' streams, read in turn.
+struct HttpServer::StreamedChoices {
+  std::vector<Stream> streams;
+  size_t cursor = 0;         // the stream read next
+  bool started = false;      // a chat's role chunks are written
+  bool include_usage = false;
+  int prompt_tokens = 0;
+  bool ended() const {
+    return std::all_of(streams.begin(), streams.end(), [](const Stream& s) { return s.ended; });
+  }
 };
 
 HttpServer::HttpServer(ServerConfig config)
@@ -375,52 +385,90 @@ void HttpServer::generate(CompletionRequest& r, const std::vector<int>& prompt, 
     r.params.max_tokens = int(std::max(1LL, std::min<long long>(*model_.defaults.max_tokens, rest)));
   }
   if (!r.seeded) r.params.sampling.seed = std::random_device{}();  // request_id 0: the engine's id
-  const int prompt_tokens = int(prompt.size());
-  const uint64_t id = admit(prompt, r.params);
+  std::vector<uint64_t> ids;
+  try {
+    for (int i = 0; i < r.n; ++i) {
+      engine::RequestParams params = r.params;
+      // A seeded request's choices draw apart by their request ids (choice 0: as with n = 1).
+      if (r.seeded) params.sampling.request_id = kSeededRequestId + uint64_t(i);
+      ids.push_back(admit(prompt, params));
+    }
+  } catch (...) {
+    for (uint64_t id : ids) abandon(id);
+    throw;
+  }
   if (r.stream)
-    respond_stream(r, id, prompt_tokens, res);
+    respond_stream(r, ids, int(prompt.size()), res);
   else
-    respond_whole(r, id, prompt_tokens, res);
+    respond_whole(r, ids, int(prompt.size()), res);
 }
 
-void HttpServer::respond_whole(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res) {
-  const Clock::time_point submitted = Clock::now();
-  Clock::time_point first;
+// One choice read to its end.
+struct HttpServer::WholeChoice {
   std::vector<int> tokens;
   std::vector<engine::TokenLogprobs> logprobs;
   engine::FinishReason reason = engine::FinishReason::none;
-  try {
-    while (reason == engine::FinishReason::none) {
-      const engine::StreamChunk c = engine_->next(id, kPollInterval);
-      if (!c.tokens.empty() && tokens.empty()) first = Clock::now();
-      tokens.insert(tokens.end(), c.tokens.begin(), c.tokens.end());
-      logprobs.insert(logprobs.end(), c.logprobs.begin(), c.logprobs.end());
-      reason = c.finished;
-    }
-  } catch (...) {
-    abandon(id);
-    throw;
+};
+
+HttpServer::WholeChoice HttpServer::read_whole(uint64_t id) {
+  const Clock::time_point submitted = Clock::now();
+  Clock::time_point first;
+  WholeChoice c;
+  while (c.reason == engine::FinishReason::none) {
+    const engine::StreamChunk chunk = engine_->next(id, kPollInterval);
+    if (!chunk.tokens.empty() && c.tokens.empty()) first = Clock::now();
+    c.tokens.insert(c.tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+    c.logprobs.insert(c.logprobs.end(), chunk.logprobs.begin(), chunk.logprobs.end());
+    c.reason = chunk.finished;
   }
   finished(id);
-  if (reason == engine::FinishReason::cancelled)
-    throw ApiError(kHttpUnavailable, "server_error", "shutting_down", "the server is shutting down; request cancelled");
-  if (!tokens.empty()) {
+  if (!c.tokens.empty()) {
     metrics_.observe_ttft(std::chrono::duration<double>(first - submitted).count());
-    if (tokens.size() > 1) metrics_.observe_tpot(seconds_since(first) / double(tokens.size() - 1));
+    if (c.tokens.size() > 1) metrics_.observe_tpot(seconds_since(first) / double(c.tokens.size() - 1));
   }
-  const Usage usage{prompt_tokens, int(tokens.size())};
-  const std::string name = completion_id(id, r.chat), text = codec_.decode(tokens);
-  if (r.chat) {
-    const json lp = r.params.logprobs >= 0 ? chat_logprobs_json(tokens, logprobs, codec_.decode) : json(nullptr);
-    const ReasoningSplit split = reasoning_ ? split_reasoning(text, *reasoning_) : ReasoningSplit{"", text};
-    const ParsedReply reply = r.parse_tool_calls ? parse_tool_calls(split.content) : ParsedReply{split.content, {}};
-    const std::optional<std::string> reasoning = reasoning_ ? std::optional(split.reasoning) : std::nullopt;
-    res.set_content(chat_completion_json(name, model_.model_name, created_, reply, reason, usage, lp, reasoning).dump(),
-                    kJson);
-  } else {
-    const json lp = r.params.logprobs >= 0 ? logprobs_json(tokens, logprobs, codec_.decode, 0) : json(nullptr);
-    res.set_content(completion_json(name, model_.model_name, created_, text, reason, usage, lp).dump(), kJson);
+  return c;
+}
+
+// The whole object of one choice (its own index; usage the request's).
+json HttpServer::whole_choice_json(const CompletionRequest& r, const std::string& name, const WholeChoice& c,
+                                   const Usage& usage) const {
+  const std::string text = codec_.decode(c.tokens);
+  if (!r.chat) {
+    const json lp = r.params.logprobs >= 0 ? logprobs_json(c.tokens, c.logprobs, codec_.decode, 0) : json(nullptr);
+    return completion_json(name, model_.model_name, created_, text, c.reason, usage, lp);
   }
+  const json lp = r.params.logprobs >= 0 ? chat_logprobs_json(c.tokens, c.logprobs, codec_.decode) : json(nullptr);
+  const ReasoningSplit split = reasoning_ ? split_reasoning(text, *reasoning_) : ReasoningSplit{"", text};
+  const ParsedReply reply = r.parse_tool_calls ? parse_tool_calls(split.content) : ParsedReply{split.content, {}};
+  const std::optional<std::string> reasoning = reasoning_ ? std::optional(split.reasoning) : std::nullopt;
+  return chat_completion_json(name, model_.model_name, created_, reply, c.reason, usage, lp, reasoning);
+}
+
+void HttpServer::respond_whole(const CompletionRequest& r, const std::vector<uint64_t>& ids, int prompt_tokens,
+                               httplib::Response& res) {
+  std::vector<WholeChoice> choices;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    try {
+      choices.push_back(read_whole(ids[i]));
+    } catch (...) {
+      for (size_t j = i; j < ids.size(); ++j) abandon(ids[j]);
+      throw;
+    }
+  }
+  Usage usage{prompt_tokens, 0};
+  for (const WholeChoice& c : choices) {
+    if (c.reason == engine::FinishReason::cancelled)
+      throw ApiError(kHttpUnavailable, "server_error", "shutting_down", "the server is shutting down; request cancelled");
+    usage.completion_tokens += int(c.tokens.size());
+  }
+  const std::string name = completion_id(ids.front(), r.chat);
+  json whole = whole_choice_json(r, name, choices.front(), usage);
+  for (size_t i = 1; i < choices.size(); ++i) {
+    json choice = whole_choice_json(r, name, choices[i], usage)["choices"][0];
+    choice["index"] = i;
+    whole["choices"].push_back(std::move(choice));
+  }
+  res.set_content(whole.dump(), kJson);
   metrics_.request_finished(true);
 }
 
@@ -432,13 +480,13 @@ json HttpServer::stream_chunk(const Stream& s, const std::optional<std::string>&
   if (!s.chat) {
     const json lp =
         tokens ? logprobs_json(tokens->tokens, tokens->logprobs, codec_.decode, s.text_offset) : json(nullptr);
-    return completion_chunk_json(s.name, model_.model_name, s.created, text.value_or(""), finish, usage, lp);
+    return completion_chunk_json(s.name, model_.model_name, s.created, text.value_or(""), finish, usage, lp, s.index);
   }
   const json lp = tokens ? chat_logprobs_json(tokens->tokens, tokens->logprobs, codec_.decode) : json(nullptr);
   json delta = json::object();
   if (!reasoning.empty()) delta["reasoning_content"] = sanitize_utf8(reasoning);
   if (text && (!text->empty() || reasoning.empty())) delta["content"] = sanitize_utf8(*text);
-  return chat_chunk_json(s.name, model_.model_name, s.created, delta, finish, usage, lp, s.called_tools);
+  return chat_chunk_json(s.name, model_.model_name, s.created, delta, finish, usage, lp, s.called_tools, s.index);
 }
 
 ReasoningSplit HttpServer::chat_text(Stream& s, const std::string& text, bool last) const {
@@ -461,87 +509,109 @@ std::string HttpServer::tool_call_events(Stream& s) const {
     events += sse_event(stream_chunk(s, rest.content, engine::FinishReason::none, std::nullopt, nullptr));
   for (size_t i = 0; i < rest.calls.size(); ++i)
     events += sse_event(chat_chunk_json(s.name, model_.model_name, s.created, tool_call_delta(s.name, i, rest.calls[i]),
-                                        engine::FinishReason::none));
+                                        engine::FinishReason::none, std::nullopt, nullptr, false, s.index));
   s.called_tools = !rest.calls.empty();
   return events;
 }
 
-bool HttpServer::write_events(Stream& stream, httplib::DataSink& sink) {
-  Stream* const s = &stream;
-  std::string events;
-  if (s->chat && !s->role_sent) {  // the assistant's role opens a chat stream (OpenAI's, vLLM's first chunk)
-    events += sse_event(chat_chunk_json(s->name, model_.model_name, s->created,
-                                        json{{"role", "assistant"}, {"content", ""}}, engine::FinishReason::none));
-    s->role_sent = true;
-  }
-  const engine::StreamChunk c = engine_->next(s->id, kPollInterval);
-  if (c.timed_out) return events.empty() ? sink.is_writable() : sink.write(events.data(), events.size());
-  if (!c.tokens.empty() && s->completion_tokens == 0) s->first_token = Clock::now();
-  s->completion_tokens += int(c.tokens.size());
+void HttpServer::stream_events(Stream& s, std::string& events) {
+  const engine::StreamChunk c = engine_->next(s.id, kPollInterval);
+  if (c.timed_out) return;
+  if (!c.tokens.empty() && s.completion_tokens == 0) s.first_token = Clock::now();
+  s.completion_tokens += int(c.tokens.size());
   const std::string piece = codec_.decode(c.tokens);
-  s->held += piece;
+  s.held += piece;
   const bool last = c.finished != engine::FinishReason::none;
-  s->ended = last;
-  const size_t ready = last ? s->held.size() : utf8_complete_prefix(s->held);
+  s.ended = last;
+  const size_t ready = last ? s.held.size() : utf8_complete_prefix(s.held);
   // A chunk with tokens carries their log-probabilities even while its text waits for the
   // rest of a character.
-  const bool with_logprobs = s->logprobs && !c.tokens.empty();
-  const ReasoningSplit text = s->chat ? chat_text(*s, s->held.substr(0, ready), last)
-                                     : ReasoningSplit{"", s->held.substr(0, ready)};
+  const bool with_logprobs = s.logprobs && !c.tokens.empty();
+  const ReasoningSplit text =
+      s.chat ? chat_text(s, s.held.substr(0, ready), last) : ReasoningSplit{"", s.held.substr(0, ready)};
   if (!text.content.empty() || !text.reasoning.empty() || with_logprobs)
-    events += sse_event(stream_chunk(*s, text.content, engine::FinishReason::none, std::nullopt,
+    events += sse_event(stream_chunk(s, text.content, engine::FinishReason::none, std::nullopt,
                                      with_logprobs ? &c : nullptr, text.reasoning));
-  s->text_offset += piece.size();
-  s->held.erase(0, ready);
+  s.text_offset += piece.size();
+  s.held.erase(0, ready);
+  if (!last) return;
+  if (s.tool_calls) events += tool_call_events(s);
+  events += sse_event(stream_chunk(s, std::nullopt, c.finished, std::nullopt, nullptr));
+}
+
+bool HttpServer::write_events(StreamedChoices& g, httplib::DataSink& sink) {
+  std::string events;
+  if (!g.started) {  // each choice's assistant role opens a chat stream (OpenAI's, vLLM's first chunks)
+    for (const Stream& s : g.streams)
+      if (s.chat)
+        events += sse_event(chat_chunk_json(s.name, model_.model_name, s.created,
+                                            json{{"role", "assistant"}, {"content", ""}}, engine::FinishReason::none,
+                                            std::nullopt, nullptr, false, s.index));
+    g.started = true;
+  }
+  while (g.streams[g.cursor].ended) g.cursor = (g.cursor + 1) % g.streams.size();
+  stream_events(g.streams[g.cursor], events);
+  g.cursor = (g.cursor + 1) % g.streams.size();
+  const bool last = g.ended();
   if (last) {
-    if (s->tool_calls) events += tool_call_events(*s);
-    events += sse_event(stream_chunk(*s, std::nullopt, c.finished, std::nullopt, nullptr));
-    if (s->include_usage)
-      events += sse_event(
-          stream_chunk(*s, std::nullopt, c.finished, Usage{s->prompt_tokens, s->completion_tokens}, nullptr));
+    if (g.include_usage) {
+      Usage usage{g.prompt_tokens, 0};
+      for (const Stream& s : g.streams) usage.completion_tokens += s.completion_tokens;
+      events += sse_event(stream_chunk(g.streams.front(), std::nullopt, engine::FinishReason::none, usage, nullptr));
+    }
     events += kSseDone;
   }
-  if (!events.empty() && !sink.write(events.data(), events.size())) return false;
+  if (events.empty()) return sink.is_writable();
+  if (!sink.write(events.data(), events.size())) return false;
   if (last) sink.done();
   return true;
 }
 
-void HttpServer::respond_stream(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res) {
-  auto s = std::make_shared<Stream>();
-  s->id = id;
-  s->name = completion_id(id, r.chat);
-  s->chat = r.chat;
-  if (r.chat && reasoning_) s->reasoning.emplace(*reasoning_);
-  if (r.parse_tool_calls) s->tool_calls.emplace();
-  s->created = created_;
-  s->prompt_tokens = prompt_tokens;
-  s->include_usage = r.include_usage;
-  s->logprobs = r.params.logprobs >= 0;
-  s->submitted = Clock::now();
+void HttpServer::respond_stream(const CompletionRequest& r, const std::vector<uint64_t>& ids, int prompt_tokens,
+                                httplib::Response& res) {
+  auto g = std::make_shared<StreamedChoices>();
+  g->include_usage = r.include_usage;
+  g->prompt_tokens = prompt_tokens;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Stream& s = g->streams.emplace_back();
+    s.id = ids[i];
+    s.index = int(i);
+    s.name = completion_id(ids.front(), r.chat);
+    s.chat = r.chat;
+    if (r.chat && reasoning_) s.reasoning.emplace(*reasoning_);
+    if (r.parse_tool_calls) s.tool_calls.emplace();
+    s.created = created_;
+    s.logprobs = r.params.logprobs >= 0;
+    s.submitted = Clock::now();
+  }
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, s](size_t, httplib::DataSink& sink) {
+      [this, g](size_t, httplib::DataSink& sink) {
         try {
-          return write_events(*s, sink);
+          return write_events(*g, sink);
         } catch (const std::exception&) {  // never let an exception out of httplib's writer
           return false;
         }
       },
-      [this, s](bool success) {
-        if (!s->ended) {  // the client left (or the listener closed): free the request's blocks
-          metrics_.client_disconnected();
-          metrics_.request_finished(false);
-          abandon(s->id);
-          return;
-        }
-        finished(s->id);
-        metrics_.request_finished(success);
-        if (s->completion_tokens > 0) {
-          metrics_.observe_ttft(std::chrono::duration<double>(s->first_token - s->submitted).count());
-          if (s->completion_tokens > 1) metrics_.observe_tpot(seconds_since(s->first_token) / (s->completion_tokens - 1));
-        }
-      });
+      [this, g](bool success) { stream_closed(*g, success); });
+}
+
+void HttpServer::stream_closed(StreamedChoices& g, bool success) {
+  const bool ended = g.ended();
+  if (!ended) metrics_.client_disconnected();  // the client left (or the listener closed)
+  for (const Stream& s : g.streams) {
+    if (!s.ended) {  // free the request's blocks
+      abandon(s.id);
+      continue;
+    }
+    finished(s.id);
+    if (s.completion_tokens > 0) {
+      metrics_.observe_ttft(std::chrono::duration<double>(s.first_token - s.submitted).count());
+      if (s.completion_tokens > 1) metrics_.observe_tpot(seconds_since(s.first_token) / (s.completion_tokens - 1));
+    }
+  }
+  metrics_.request_finished(ended && success);
 }
 
 }  // namespace fp4kv::serve

@@ -107,8 +107,17 @@ class HttpServer {
   void generate(CompletionRequest& r, const std::vector<int>& prompt, httplib::Response& res);
   // The chat template in force, or null.
   const model::ChatTemplate* chat_template() const;
-  void respond_whole(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res);
-  void respond_stream(const CompletionRequest& r, uint64_t id, int prompt_tokens, httplib::Response& res);
+  struct WholeChoice;
+  struct StreamedChoices;
+  // Reads choice `id` to its end and forgets it (metrics observed).
+  WholeChoice read_whole(uint64_t id);
+  nlohmann::json whole_choice_json(const CompletionRequest& r, const std::string& name, const WholeChoice& c,
+                                   const Usage& usage) const;
+  // The answer to a request of the choices `ids` (one engine request each, submitted).
+  void respond_whole(const CompletionRequest& r, const std::vector<uint64_t>& ids, int prompt_tokens,
+                     httplib::Response& res);
+  void respond_stream(const CompletionRequest& r, const std::vector<uint64_t>& ids, int prompt_tokens,
+                      httplib::Response& res);
   nlohmann::json stream_chunk(const Stream& s, const std::optional<std::string>& text, engine::FinishReason finish,
                               const std::optional<Usage>& usage, const engine::StreamChunk* tokens,
                               const std::string& reasoning = "") const;
@@ -116,8 +125,14 @@ class HttpServer {
   // content's tool calls held back (`last`: the reply's end, what the parsers held released).
   ReasoningSplit chat_text(Stream& s, const std::string& text, bool last) const;
   std::string tool_call_events(Stream& s) const;
-  // Reads the engine's next chunk and writes it as events; false when the client is gone.
-  bool write_events(Stream& s, httplib::DataSink& sink);
+  // Reads choice s's next engine chunk (waiting at most the poll interval) into events: its
+  // deltas and, at its end, the held-back text, the tool calls and the finish chunk.
+  void stream_events(Stream& s, std::string& events);
+  // Reads the next choice in turn and writes its events (after the last choice's end the usage
+  // chunk and [DONE]); false when the client is gone.
+  bool write_events(StreamedChoices& g, httplib::DataSink& sink);
+  // A stream's end, read through or not: unfinished choices cancelled, metrics observed.
+  void stream_closed(StreamedChoices& g, bool success);
   // Submits under the shutdown lock (a request submitted while shutting down is refused, so
   // shutdown's cancel sweep sees every running request). Throws ApiError.
   uint64_t admit(const std::vector<int>& prompt, const engine::RequestParams& params);

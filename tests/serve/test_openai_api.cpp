@@ -124,6 +124,8 @@ TEST(OpenAiApi, ParsesAValidRequest) {
   EXPECT_EQ(r.params.sampling.request_id, kSeededRequestId);
   EXPECT_EQ(r.params.stop, (std::vector<std::string>{"x", "y"}));
   EXPECT_TRUE(r.stream);
+  EXPECT_EQ(r.n, 1);
+  EXPECT_EQ(parse_completion_request(R"({"prompt":"Hi","n":16})", limits()).n, kMaxChoices);
   const CompletionRequest t = parse_completion_request(R"({"prompt":[1,2,3]})", limits());
   EXPECT_TRUE(t.prompt_is_tokens);
   EXPECT_EQ(t.prompt_tokens, (std::vector<int>{1, 2, 3}));
@@ -166,7 +168,9 @@ TEST(OpenAiApi, RefusesBadRequests) {
   EXPECT_EQ(status_of(R"({"prompt":"a","max_tokens":0})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","max_tokens":64})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":[1,2,3],"max_tokens":62})"), 400);
-  EXPECT_EQ(status_of(R"({"prompt":"a","n":2})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","n":0})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","n":17})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","n":2.5})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","temperature":-1})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","top_p":0})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","seed":-3})"), 400);
@@ -238,7 +242,7 @@ TEST(OpenAiApi, RefusesBadChatRequests) {
   EXPECT_EQ(chat_status("{" + user + R"(,"max_completion_tokens":64})"), 400);
   EXPECT_EQ(chat_status("{" + user + R"(,"top_logprobs":2})"), 400);
   EXPECT_EQ(chat_status("{" + user + R"(,"logprobs":3})"), 400);
-  EXPECT_EQ(chat_status("{" + user + R"(,"n":2})"), 400);
+  EXPECT_EQ(chat_status("{" + user + R"(,"n":-1})"), 400);
   EXPECT_EQ(chat_status("{" + user + R"(,"continue_final_message":true})"), 400);
   EXPECT_EQ(chat_status("{" + user + R"(,"chat_template":"{{ x }}"})"), 400);
   EXPECT_EQ(chat_status("{" + user + R"(,"chat_template_kwargs":[1]})"), 400);

@@ -204,6 +204,7 @@ class ScriptedServer {
     server_->shutdown();
     thread_.join();
   }
+  int port() const { return port_; }
   json chat(json body) const {
     httplib::Client c("127.0.0.1", port_);
     auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
@@ -332,6 +333,39 @@ TEST(ReasoningServer, ToolCallsComeFromTheContent) {
   EXPECT_EQ(whole["choices"][0]["message"]["content"], "no call");
   EXPECT_FALSE(whole["choices"][0]["message"].contains("tool_calls"));
   EXPECT_EQ(whole["choices"][0]["finish_reason"], "stop");
+}
+
+// n choices of a chat: each split on its own, whole and streamed (a role chunk per choice).
+TEST(ReasoningServer, SeveralChoicesEachSplit) {
+  ScriptedServer s("<think>a</think>42", "qwen3");
+  json body = question();
+  body["n"] = 2;
+  const json whole = s.chat(body);
+  ASSERT_EQ(whole["choices"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(whole["choices"][i]["index"], i);
+    EXPECT_EQ(whole["choices"][i]["message"]["reasoning_content"], "a");
+    EXPECT_EQ(whole["choices"][i]["message"]["content"], "42");
+  }
+  body["stream"] = true;
+  httplib::Client c("127.0.0.1", s.port());
+  auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  std::vector<std::string> reasoning(2), content(2);
+  std::vector<int> roles(2, 0);
+  for (size_t pos = 0; (pos = r->body.find("data: {", pos)) != std::string::npos;) {
+    const size_t end = r->body.find("\n\n", pos);
+    const json j = json::parse(r->body.substr(pos + 6, end - pos - 6));
+    pos = end;
+    const size_t i = j["choices"][0]["index"].get<size_t>();
+    const json& delta = j["choices"][0]["delta"];
+    if (delta.contains("role")) ++roles[i];
+    if (delta.contains("reasoning_content")) reasoning[i] += delta["reasoning_content"].get<std::string>();
+    if (delta.contains("content")) content[i] += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(roles, (std::vector<int>{1, 1}));
+  EXPECT_EQ(reasoning, (std::vector<std::string>{"a", "a"}));
+  EXPECT_EQ(content, (std::vector<std::string>{"42", "42"}));
 }
 
 TEST(ReasoningServer, AnUnknownParserIsRefused) {

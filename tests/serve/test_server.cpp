@@ -87,13 +87,15 @@ class RunningServer {
 };
 
 // The completion text of `prompt` generated alone on the serving's model and tokenizer (invalid
-// UTF-8 replaced, as the API does).
-std::string alone(CpuServing& s, const std::string& prompt, int max_tokens, float temperature, uint64_t seed) {
+// UTF-8 replaced, as the API does);
+// `choice` of a seeded request with n choices draws with request id kSeededRequestId + choice.
+std::string alone(CpuServing& s, const std::string& prompt, int max_tokens, float temperature, uint64_t seed,
+                  int choice = 0) {
   engine::GenerateOptions o;
   o.max_tokens = max_tokens;
   o.sampling.temperature = temperature;
   o.sampling.seed = seed;
-  o.sampling.request_id = kSeededRequestId;
+  o.sampling.request_id = kSeededRequestId + uint64_t(choice);
   std::vector<int> out;
   engine::generate_on_cpu(*s.model, eval::recipe_attention(s.model->config(), s.recipe, s.calibration.get()),
                           s.codec.encode(prompt), o, [&out](int t) { out.push_back(t); });
@@ -415,6 +417,58 @@ TEST(Server, RequestsLeavingSamplingOutGetTheCheckpointsDefaults) {
   run.join();
 }
 
+// n choices: each one the generation alone with its own draws (a seeded request's choice i with
+// request id kSeededRequestId + i, choice 0 as with n = 1), whole or streamed (deltas tagged by
+// index, one finish chunk each, the usage summed, one [DONE]).
+TEST(Server, SeveralChoices) {
+  RunningServer s;
+  httplib::Client c = s.client();
+  json body = request("Once upon", 8, 0.9f, 11);
+  body["n"] = 3;
+  body["ignore_eos"] = true;
+  const json whole = post_json(c, body);
+  ASSERT_EQ(whole["choices"].size(), 3u);
+  std::vector<std::string> expected;
+  for (int i = 0; i < 3; ++i) {
+    expected.push_back(alone(s.serving(), "Once upon", 8, 0.9f, 11, i));
+    EXPECT_EQ(whole["choices"][i]["index"], i);
+    EXPECT_EQ(whole["choices"][i]["text"], expected.back());
+    EXPECT_EQ(whole["choices"][i]["finish_reason"], "length");
+  }
+  EXPECT_NE(expected[0], expected[1]);
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 24);
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  std::vector<std::string> texts(3);
+  std::vector<int> finishes(3, 0);
+  int dones = 0, usage_chunks = 0;
+  for (size_t pos = 0; (pos = r->body.find("data: ", pos)) != std::string::npos;) {
+    const size_t end = r->body.find("\n\n", pos);
+    const std::string payload = r->body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (payload == "[DONE]") {
+      ++dones;
+      continue;
+    }
+    const json j = json::parse(payload);
+    if (j["choices"].empty()) {
+      ++usage_chunks;
+      EXPECT_EQ(j["usage"]["completion_tokens"], 24);
+      continue;
+    }
+    const int i = j["choices"][0]["index"];
+    texts[size_t(i)] += j["choices"][0]["text"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null()) ++finishes[size_t(i)];
+  }
+  EXPECT_EQ(texts, expected);
+  EXPECT_EQ(finishes, (std::vector<int>{1, 1, 1}));
+  EXPECT_EQ(usage_chunks, 1);
+  EXPECT_EQ(dones, 1);
+  EXPECT_EQ(metric(s, "fp4kv_requests_running"), 0);
+}
+
 // --served-model-name: /v1/models lists the names, responses carry the first, requests may
 // name any, and the directory's name is no longer one of them.
 TEST(Server, ServedModelNames) {
@@ -660,7 +714,7 @@ TEST(Server, ErrorsAreJsonWithTheirStatus) {
   };
   expect_error(c.Post("/v1/completions", "{not json", "application/json"), 400);
   expect_error(c.Post("/v1/completions", R"({"prompt":"a","max_tokens":"x"})", "application/json"), 400);
-  expect_error(c.Post("/v1/completions", R"({"prompt":"a","n":3})", "application/json"), 400);
+  expect_error(c.Post("/v1/completions", R"({"prompt":"a","n":30})", "application/json"), 400);
   expect_error(c.Post("/v1/completions", R"({"prompt":"a","max_tokens":100000})", "application/json"), 400);
   expect_error(c.Post("/v1/completions", json{{"prompt", std::string(40000, 'a')}}.dump(), "application/json"), 400);
   expect_error(c.Post("/v1/chat/completions", R"({"messages":[]})", "application/json"), 400);
