@@ -458,7 +458,8 @@ void HttpServer::respond_whole(const CompletionRequest& r, const std::vector<uin
   Usage usage{prompt_tokens, 0};
   for (const WholeChoice& c : choices) {
     if (c.reason == engine::FinishReason::cancelled)
-      throw ApiError(kHttpUnavailable, "server_error", "shutting_down", "the server is shutting down; request cancelled");
+      throw ApiError(kHttpUnavailable, "server_error", "shutting_down",
+                     "the server is shutting down; request cancelled");
     usage.completion_tokens += int(c.tokens.size());
   }
   const std::string name = completion_id(ids.front(), r.chat);
