@@ -23,6 +23,7 @@ uint64_t Engine::submit(std::vector<int> prompt, RequestParams params) {
   spec.sampling = params.sampling;
   spec.max_tokens = params.max_tokens;
   spec.stop = std::move(params.stop);
+  spec.stop_token_ids = std::move(params.stop_token_ids);
   spec.stop_at_eos = params.stop_at_eos;
   spec.logprobs = params.logprobs;
   std::lock_guard<std::mutex> lock(mutex_);

@@ -32,6 +32,7 @@ struct RequestParams {
   SamplingRow sampling;           // request_id keys the draws; 0 takes the engine's request id
   int max_tokens = 64;
   std::vector<std::string> stop;
+  std::vector<int> stop_token_ids;
   bool stop_at_eos = true;
   int logprobs = -1;              // -1: none; 0..kMaxTopLogprobs (backend.h): per token, with alternatives
 };

@@ -72,6 +72,9 @@ void Scheduler::validate(const RequestSpec& spec) const {
     require(t >= 0 && t < vocab, "submit: prompt token " + std::to_string(t) + " is outside the vocabulary [0, " +
                                      std::to_string(vocab) + ")");
   for (const std::string& s : spec.stop) require(!s.empty(), "submit: an empty stop string");
+  for (int t : spec.stop_token_ids)
+    require(t >= 0 && t < vocab, "submit: stop token " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                     std::to_string(vocab) + ")");
   // The last token drawn is never fed, so a request alone needs K/V for prompt + max_tokens - 1.
   const long long most_fed = (long long)spec.prompt.size() + spec.max_tokens - 1;
   require(blocks_for_tokens(most_fed) <= blocks_.total(),
@@ -215,19 +218,24 @@ void Scheduler::take(Sequence& s, const TokenDraw& drawn, std::vector<Emitted>& 
   for (const std::string& st : s.spec.stop) longest_stop = std::max(longest_stop, st.size());
   const size_t from = text_before >= longest_stop ? text_before - longest_stop + 1 : 0;
   const size_t stop_at = s.spec.stop.empty() ? std::string::npos : first_stop(s.text, s.spec.stop, from);
+  bool whole_text = true;  // the text up to the token emitted (a stop string ends it before)
   if (stop_at != std::string::npos) {
     s.finish = FinishReason::stop;
+    whole_text = false;
     emit_until(s.generated, s.generated_logprobs, s.text_ends, stop_at, s.emitted, e);
   } else if (s.spec.stop_at_eos && backend_.is_eos(token)) {
     s.finish = FinishReason::eos;
+  } else if (std::find(s.spec.stop_token_ids.begin(), s.spec.stop_token_ids.end(), token) !=
+             s.spec.stop_token_ids.end()) {
+    s.finish = FinishReason::stop;
   } else if (int(s.generated.size()) >= s.spec.max_tokens) {
     s.finish = FinishReason::length;
   }
-  if (s.finish == FinishReason::eos || s.finish == FinishReason::length) {
-    emit_until(s.generated, s.generated_logprobs, s.text_ends, s.text.size(), s.emitted, e);
-  } else if (s.finish == FinishReason::none) {
+  if (s.finish == FinishReason::none) {
     const size_t held = partial_match_at_end(s.text, s.spec.stop);
     emit_until(s.generated, s.generated_logprobs, s.text_ends, s.text.size() - held, s.emitted, e);
+  } else if (whole_text) {
+    emit_until(s.generated, s.generated_logprobs, s.text_ends, s.text.size(), s.emitted, e);
   }
   e.finished = s.finish;
   if (!e.tokens.empty() || e.finished != FinishReason::none) out.push_back(std::move(e));

@@ -57,6 +57,7 @@ struct RequestSpec {
   SamplingRow sampling;           // step is set per token; request_id keys the draws
   int max_tokens = 64;
   std::vector<std::string> stop;  // generation ends before the first occurrence of any
+  std::vector<int> stop_token_ids;  // generation ends at any of these tokens (emitted with its text)
   bool stop_at_eos = true;        // an EOS token ends generation (it is emitted, with no text)
   int logprobs = -1;              // -1: none; 0..kMaxTopLogprobs: each token's and that many alternatives
 };

@@ -99,6 +99,21 @@ void parse_stop(const RequestJson& body, CompletionRequest& r) {
   r.params.stop = std::move(stops);
 }
 
+// vLLM's stop_token_ids: generation ends at any of these tokens, which is emitted.
+void parse_stop_token_ids(const RequestJson& body, const ModelLimits& limits, CompletionRequest& r) {
+  const RequestJson* ids = field(body, "stop_token_ids");
+  if (!ids) return;
+  if (!ids->is_array()) throw wrong_type("stop_token_ids", "a list of token ids", *ids);
+  for (size_t i = 0; i < ids->size(); ++i) {
+    const std::string name = "stop_token_ids[" + std::to_string(i) + "]";
+    const long long id = integer_field((*ids)[i], name);
+    if (id < 0 || id >= limits.vocab_size)
+      throw bad_request("'" + name + "' = " + std::to_string(id) + " is outside the vocabulary [0, " +
+                        std::to_string(limits.vocab_size) + ")");
+    r.params.stop_token_ids.push_back(int(id));
+  }
+}
+
 void parse_sampling(const RequestJson& body, const RequestDefaults& defaults, CompletionRequest& r) {
   SamplingRow& s = r.params.sampling;
   s.temperature = defaults.temperature;
@@ -205,15 +220,16 @@ void parse_max_tokens(const RequestJson& v, const std::string& name, const Model
 }
 
 // The options completions and chat completions share: n, sampling, stop, streaming, EOS.
-void parse_options(const RequestJson& body, const RequestDefaults& defaults, CompletionRequest& r) {
+void parse_options(const RequestJson& body, const ModelLimits& limits, CompletionRequest& r) {
   if (const RequestJson* v = field(body, "n")) {
     const long long n = integer_field(*v, "n");
     if (n < 1 || n > kMaxChoices)
       throw bad_request("'n' must be 1.." + std::to_string(kMaxChoices) + ", got " + v->dump());
     r.n = int(n);
   }
-  parse_sampling(body, defaults, r);
+  parse_sampling(body, limits.defaults, r);
   parse_stop(body, r);
+  parse_stop_token_ids(body, limits, r);
   if (const RequestJson* v = field(body, "stream")) r.stream = bool_field(*v, "stream");
   if (const RequestJson* v = field(body, "stream_options")) {
     if (!v->is_object()) throw wrong_type("stream_options", "an object", *v);
@@ -245,7 +261,7 @@ CompletionRequest parse_completion_request(const std::string& body_text, const M
                         " (alternatives per token), got " + v->dump());
     r.params.logprobs = int(n);
   }
-  parse_options(body, limits.defaults, r);
+  parse_options(body, limits, r);
   return r;
 }
 
@@ -371,7 +387,7 @@ ChatRequest parse_chat_request(const std::string& body_text, const ModelLimits& 
   else if (max_tokens) parse_max_tokens(*max_tokens, "max_tokens", limits, r.options);
   parse_chat_logprobs(body, r.options);
   refuse_unsupported_chat(body);
-  parse_options(body, limits.defaults, r.options);
+  parse_options(body, limits, r.options);
   return r;
 }
 

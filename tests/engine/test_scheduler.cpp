@@ -164,6 +164,30 @@ TEST(Scheduler, StopStringCutsTheOutput) {
   EXPECT_EQ(e.counters().blocks_used, 0);
 }
 
+// A stop token ends the output at its first occurrence, the token and its text included; a
+// token outside the vocabulary is refused at submit.
+TEST(Scheduler, StopTokenEndsTheOutputWithIt) {
+  Engine e = make_engine(SchedulerConfig{});
+  RequestParams p;
+  p.max_tokens = 24;
+  p.stop_at_eos = false;
+  p.sampling.request_id = 1;
+  const std::vector<int> prompt = encode("The quick brown fox");
+  const std::vector<int> full = alone(prompt, p);
+  ASSERT_GE(full.size(), 8u);
+  const int stop = full[5];
+  const size_t first = size_t(std::find(full.begin(), full.end(), stop) - full.begin());
+  p.stop_token_ids = {stop};
+  const uint64_t id = e.submit(prompt, p);
+  e.run_until_idle();
+  FinishReason reason = FinishReason::none;
+  EXPECT_EQ(drain(e, id, &reason), std::vector<int>(full.begin(), full.begin() + first + 1));
+  EXPECT_EQ(reason, FinishReason::stop);
+  EXPECT_EQ(e.counters().blocks_used, 0);
+  p.stop_token_ids = {pk8l().config().vocab_size};
+  EXPECT_THROW(e.submit(prompt, p), Error);
+}
+
 TEST(Scheduler, CancelFreesBlocks) {
   Engine e = make_engine(SchedulerConfig{});
   RequestParams p;

@@ -125,6 +125,8 @@ TEST(OpenAiApi, ParsesAValidRequest) {
   EXPECT_EQ(r.params.stop, (std::vector<std::string>{"x", "y"}));
   EXPECT_TRUE(r.stream);
   EXPECT_EQ(r.n, 1);
+  EXPECT_EQ(parse_completion_request(R"({"prompt":"Hi","stop_token_ids":[10,257]})", limits()).params.stop_token_ids,
+            (std::vector<int>{10, 257}));
   EXPECT_EQ(parse_completion_request(R"({"prompt":"Hi","n":16})", limits()).n, kMaxChoices);
   const CompletionRequest t = parse_completion_request(R"({"prompt":[1,2,3]})", limits());
   EXPECT_TRUE(t.prompt_is_tokens);
@@ -168,6 +170,9 @@ TEST(OpenAiApi, RefusesBadRequests) {
   EXPECT_EQ(status_of(R"({"prompt":"a","max_tokens":0})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","max_tokens":64})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":[1,2,3],"max_tokens":62})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","stop_token_ids":[258]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","stop_token_ids":7})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","stop_token_ids":["x"]})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","n":0})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","n":17})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","n":2.5})"), 400);
