@@ -48,6 +48,7 @@ struct ServeArgs {
   std::string gemm_plans = "heuristic";
   std::string chat_template;  // a Jinja template file for chat completions (else the checkpoint's)
   std::string generation_config = "auto";  // auto, vllm or a directory (the request defaults' source)
+  int max_model_len = 0;  // tokens of one request (0: the model's max_position_embeddings)
 };
 
 // --generation-config: null for auto (the checkpoint's, read with the model), OpenAI's for
@@ -106,7 +107,7 @@ Served load_engine(const ServeArgs& a, bool gpu, Loaded& loaded) {
   if (gpu) {
     serve::GpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, a.kv_memory_mib * kMiB,
                                a.gpu_memory_utilization, a.prefill_chunk, a.tensor_parallel,
-                               gemm_plans_of(a.gemm_plans)};
+                               gemm_plans_of(a.gemm_plans), a.max_model_len};
     serve::GpuServing& s = loaded.gpu.emplace(serve::load_gpu_serving(setup));
     const std::string device =
         a.tensor_parallel > 1 ? "cuda (" + std::to_string(a.tensor_parallel) + " GPUs, tensor parallel; KV capacity per GPU)" : "cuda";
@@ -115,7 +116,8 @@ Served load_engine(const ServeArgs& a, bool gpu, Loaded& loaded) {
 #endif
   (void)gpu;
   const long long mib = a.kv_memory_mib > 0 ? a.kv_memory_mib : serve::kDefaultKvBudgetBytes / kMiB;
-  serve::CpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, mib * kMiB, a.prefill_chunk};
+  serve::CpuServeSetup setup{a.model_dir, a.kv, a.calibration, a.max_batch, mib * kMiB, a.prefill_chunk,
+                             a.max_model_len};
   serve::CpuServing& s = loaded.cpu.emplace(serve::load_cpu_serving(setup));
   return Served{s.engine.get(), &s.codec, &s.limits, s.recipe.name, "cpu", s.capacity, mib * kMiB};
 }
@@ -236,6 +238,10 @@ Action add_serve(CLI::App& app) {
   sub->add_option("--reasoning-parser", a->server.reasoning_parser,
                   "qwen3 or deepseek_r1: the <think> block of chat replies becomes reasoning_content (qwen3: replies "
                   "that open one; deepseek_r1: replies start inside one, the template having opened it)");
+  sub->add_option("--max-model-len", a->max_model_len,
+                  "tokens of one request, prompt included (0: the model's max_position_embeddings); a smaller "
+                  "context than the model's also shrinks the GPU engine's per-request tables")
+      ->capture_default_str();
   sub->add_option("--served-model-name", a->server.served_model_names,
                   "the model's names in the API (responses carry the first; requests may name any); default: the "
                   "checkpoint directory's name");

@@ -18,6 +18,7 @@ CpuServing load_cpu_serving(const CpuServeSetup& setup) {
   s.capacity = serving_capacity(s.recipe, c, setup.kv_budget_bytes, setup.max_batch);
   s.codec = text_codec(model::Tokenizer::for_model(setup.model_dir, c));
   s.limits = model_limits(setup.model_dir, c);
+  s.limits.context = serving_context(c, setup.max_model_len);
   s.engine = std::make_unique<engine::Engine>(
       std::make_unique<engine::CpuBackend>(*s.model, eval::recipe_attention(c, s.recipe, s.calibration.get())),
       scheduler_config(setup.max_batch, s.capacity.blocks, setup.prefill_chunk), s.codec);

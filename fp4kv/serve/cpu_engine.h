@@ -29,6 +29,7 @@ struct CpuServeSetup {
   int max_batch = 8;
   long long kv_budget_bytes = kDefaultKvBudgetBytes;
   int prefill_chunk = engine::kServingPrefillChunk;  // and the step's token budget
+  int max_model_len = 0;  // tokens of one request, prompt included (0: the model's positions)
 };
 
 struct CpuServing {

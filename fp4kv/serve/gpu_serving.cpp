@@ -16,6 +16,7 @@ GpuServing load_gpu_serving(const GpuServeSetup& setup) {
   const int ranks = setup.tensor_parallel;
   const model::Qwen3Config rank_shape = model::rank_attention_config(c, ranks);  // one GPU's heads and cache
   engine::check_gpu_recipe(rank_shape, s.recipe);
+  const int context = serving_context(c, setup.max_model_len);
   s.calibration = eval::calibration_for_recipe(&s.recipe, setup.model_dir, setup.calibration, c, {});
   // The budget of GPU 0 (every rank's is alike) once its weights are in, before they load.
   const long long weights_bytes = (long long)engine::GpuWeights::bytes_for(c, 0, ranks);
@@ -29,13 +30,14 @@ GpuServing load_gpu_serving(const GpuServeSetup& setup) {
   spec.model = setup.model_dir;
   spec.recipe = s.recipe;
   if (s.calibration) spec.mu_k = s.calibration->mu_k;
-  spec.options.max_batch = setup.max_batch;  // max_context: the model's; slots: one per running request
+  spec.options.max_batch = setup.max_batch;  // slots: one per running request
+  spec.options.max_context = setup.max_model_len;  // 0: the model's
   spec.options.num_blocks = s.capacity.blocks;
   spec.options.prefill_chunk = engine::prefill_chunk_for(c, setup.prefill_chunk);  // the scheduler's chunks
   spec.options.gemm_plans = setup.gemm_plans;
   s.model = engine::load_step_model(spec, ranks);
   s.model.model->prepare_steps(setup.max_batch);  // no step graph captured while serving
-  s.limits.context = std::min(s.limits.context, s.model.model->options().max_context);
+  s.limits.context = std::min(context, s.model.model->options().max_context);
   s.engine = std::make_unique<engine::Engine>(std::make_unique<engine::GpuBackend>(*s.model.model),
                                               scheduler_config(setup.max_batch, s.capacity.blocks, setup.prefill_chunk),
                                               s.codec);

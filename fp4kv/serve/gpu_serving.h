@@ -34,6 +34,7 @@ struct GpuServeSetup {
   int prefill_chunk = engine::kServingPrefillChunk;  // and the step's token budget
   int tensor_parallel = 1;              // GPUs the model is split over
   engine::GemmPlans gemm_plans = engine::GemmPlans::heuristic;  // the decode step's GEMMs
+  int max_model_len = 0;                // tokens of one request, prompt included (0: the model's positions)
 };
 
 struct GpuServing {

@@ -39,6 +39,14 @@ RequestDefaults request_defaults(const model::GenerationConfig& g) {
   return d;
 }
 
+int serving_context(const model::Qwen3Config& c, int max_model_len) {
+  require(max_model_len >= 0, "--max-model-len must be >= 0 (0: the model's), got " + std::to_string(max_model_len));
+  const int positions = c.max_position_embeddings > 0 ? c.max_position_embeddings : INT_MAX;
+  require(max_model_len <= positions, "--max-model-len " + std::to_string(max_model_len) +
+                                          " exceeds the model's max_position_embeddings " + std::to_string(positions));
+  return max_model_len > 0 ? max_model_len : positions;
+}
+
 engine::SchedulerConfig scheduler_config(int max_batch, int total_blocks, int prefill_chunk) {
   engine::SchedulerConfig config;
   config.max_batch = max_batch;

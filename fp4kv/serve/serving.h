@@ -26,6 +26,10 @@ ModelLimits model_limits(const std::string& model_dir, const model::Qwen3Config&
 // max_new_tokens over OpenAI's; a repetition_penalty other than 1 or a min_p other than 0 is
 // listed as not applied (fp4kv samples without them). top_k <= 0 is no cut.
 RequestDefaults request_defaults(const model::GenerationConfig& g);
+// The context a server takes (prompt + generated tokens): the model's max_position_embeddings
+// (unbounded: INT_MAX), or max_model_len when positive. Throws Error for a negative
+// max_model_len or one beyond the model's positions.
+int serving_context(const model::Qwen3Config& config, int max_model_len);
 // prefill_chunk: prompt tokens one request feeds per step at most, also the step's token
 // budget (decode tokens included; at least max_batch).
 engine::SchedulerConfig scheduler_config(int max_batch, int total_blocks, int prefill_chunk);

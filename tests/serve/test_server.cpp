@@ -469,6 +469,22 @@ TEST(Server, SeveralChoices) {
   EXPECT_EQ(metric(s, "fp4kv_requests_running"), 0);
 }
 
+// --max-model-len: the context requests are checked against and /v1/models reports.
+TEST(Server, MaxModelLenBoundsRequests) {
+  CpuServeSetup setup = pk8l_setup();
+  setup.max_model_len = 200;
+  RunningServer s("", setup);
+  httplib::Client c = s.client();
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["max_model_len"], 200);
+  EXPECT_EQ(post_json(c, request(std::string(190, 'a'), 20), 400)["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(post_json(c, request("Hello", 200), 400)["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(post_json(c, request(std::string(180, 'a'), 10))["usage"]["prompt_tokens"], 181);  // BOS + bytes
+  setup.max_model_len = 40000;  // beyond pk8l's 32768 positions
+  EXPECT_THROW(load_cpu_serving(setup), Error);
+}
+
 // --served-model-name: /v1/models lists the names, responses carry the first, requests may
 // name any, and the directory's name is no longer one of them.
 TEST(Server, ServedModelNames) {
