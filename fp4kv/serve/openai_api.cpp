@@ -99,19 +99,25 @@ void parse_stop(const RequestJson& body, CompletionRequest& r) {
   r.params.stop = std::move(stops);
 }
 
+// Field `name`: a list of token ids of the vocabulary.
+std::vector<int> token_ids(const RequestJson& list, const std::string& name, const ModelLimits& limits) {
+  if (!list.is_array()) throw wrong_type(name, "a list of token ids", list);
+  std::vector<int> ids;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string item = name + "[" + std::to_string(i) + "]";
+    const long long id = integer_field(list[i], item);
+    if (id < 0 || id >= limits.vocab_size)
+      throw bad_request("'" + item + "' = " + std::to_string(id) + " is outside the vocabulary [0, " +
+                        std::to_string(limits.vocab_size) + ")");
+    ids.push_back(int(id));
+  }
+  return ids;
+}
+
 // vLLM's stop_token_ids: generation ends at any of these tokens, which is emitted.
 void parse_stop_token_ids(const RequestJson& body, const ModelLimits& limits, CompletionRequest& r) {
-  const RequestJson* ids = field(body, "stop_token_ids");
-  if (!ids) return;
-  if (!ids->is_array()) throw wrong_type("stop_token_ids", "a list of token ids", *ids);
-  for (size_t i = 0; i < ids->size(); ++i) {
-    const std::string name = "stop_token_ids[" + std::to_string(i) + "]";
-    const long long id = integer_field((*ids)[i], name);
-    if (id < 0 || id >= limits.vocab_size)
-      throw bad_request("'" + name + "' = " + std::to_string(id) + " is outside the vocabulary [0, " +
-                        std::to_string(limits.vocab_size) + ")");
-    r.params.stop_token_ids.push_back(int(id));
-  }
+  if (const RequestJson* ids = field(body, "stop_token_ids"))
+    r.params.stop_token_ids = token_ids(*ids, "stop_token_ids", limits);
 }
 
 void parse_sampling(const RequestJson& body, const RequestDefaults& defaults, CompletionRequest& r) {
@@ -416,17 +422,7 @@ std::vector<int> parse_detokenize_request(const std::string& body_text, const Mo
   check_model(body, limits);
   const RequestJson* tokens = field(body, "tokens");
   if (!tokens) throw bad_request("'tokens' is required", "missing_field");
-  if (!tokens->is_array()) throw wrong_type("tokens", "a list of token ids", *tokens);
-  std::vector<int> ids;
-  for (size_t i = 0; i < tokens->size(); ++i) {
-    const std::string name = "tokens[" + std::to_string(i) + "]";
-    const long long id = integer_field((*tokens)[i], name);
-    if (id < 0 || id >= limits.vocab_size)
-      throw bad_request("'" + name + "' = " + std::to_string(id) + " is outside the vocabulary [0, " +
-                        std::to_string(limits.vocab_size) + ")");
-    ids.push_back(int(id));
-  }
-  return ids;
+  return token_ids(*tokens, "tokens", limits);
 }
 
 json tokenize_json(const std::vector<int>& tokens, int max_model_len) {
