@@ -541,6 +541,10 @@ void HttpServer::stream_events(Stream& s, std::string& events) {
 }
 
 bool HttpServer::write_events(StreamedChoices& g, httplib::DataSink& sink) {
+  if (g.ended()) {  // everything was written (the provider is not called after done())
+    sink.done();
+    return true;
+  }
   std::string events;
   if (!g.started) {  // each choice's assistant role opens a chat stream (OpenAI's, vLLM's first chunks)
     for (const Stream& s : g.streams)
