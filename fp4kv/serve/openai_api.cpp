@@ -99,6 +99,12 @@ void parse_stop(const RequestJson& body, CompletionRequest& r) {
   r.params.stop = std::move(stops);
 }
 
+std::string format_number(float x) {  // 0.6f as "0.6"
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", double(x));
+  return buf;
+}
+
 // Field `name`: a list of token ids of the vocabulary.
 std::vector<int> token_ids(const RequestJson& list, const std::string& name, const ModelLimits& limits) {
   if (!list.is_array()) throw wrong_type(name, "a list of token ids", list);
@@ -164,16 +170,6 @@ void refuse_unsupported(const RequestJson& body) {
       throw bad_request(std::string("'") + name + "' is not supported (must be 0), got " + v->dump(), "unsupported");
   if (const RequestJson* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty()))
     throw bad_request("'logit_bias' is not supported", "unsupported");
-}
-
-}  // namespace
-
-namespace {
-
-std::string format_number(float x) {  // 0.6f as "0.6"
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", double(x));
-  return buf;
 }
 
 }  // namespace

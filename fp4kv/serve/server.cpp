@@ -375,15 +375,15 @@ void HttpServer::chat_completions(const httplib::Request& req, httplib::Response
 }
 
 void HttpServer::generate(CompletionRequest& r, const std::vector<int>& prompt, httplib::Response& res) {
+  if (!r.max_tokens_given && model_.defaults.max_tokens) {  // the model's max_new_tokens, within the context
+    const long long rest = (long long)model_.context - (long long)prompt.size();
+    r.params.max_tokens = int(std::max(1LL, std::min<long long>(*model_.defaults.max_tokens, rest)));
+  }
   if ((long long)prompt.size() + r.params.max_tokens > model_.context)
     throw ApiError(kHttpBadRequest, "invalid_request_error", "context_length_exceeded",
                    "prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
                        std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
                        std::to_string(model_.context) + " tokens");
-  if (!r.max_tokens_given && model_.defaults.max_tokens) {  // the model's max_new_tokens, within the context
-    const long long rest = (long long)model_.context - (long long)prompt.size();
-    r.params.max_tokens = int(std::max(1LL, std::min<long long>(*model_.defaults.max_tokens, rest)));
-  }
   if (!r.seeded) r.params.sampling.seed = std::random_device{}();  // request_id 0: the engine's id
   std::vector<uint64_t> ids;
   try {

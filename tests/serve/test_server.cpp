@@ -364,6 +364,7 @@ TEST(Server, RequestsLeavingSamplingOutGetTheCheckpointsDefaults) {
                                          "max_new_tokens": 7})");
   CpuServeSetup setup = pk8l_setup();
   setup.model_dir = dir.str();
+  setup.max_model_len = 200;
   RunningServer s("", setup);
   EXPECT_FLOAT_EQ(s.serving().limits.defaults.temperature, 0.7f);
   auto generated_alone = [&](const SamplingRow& sampling, int max_tokens) {
@@ -388,6 +389,9 @@ TEST(Server, RequestsLeavingSamplingOutGetTheCheckpointsDefaults) {
   const json r = post_json(c, json{{"prompt", "Once upon"}, {"seed", 3}, {"ignore_eos", true}});
   EXPECT_EQ(r["usage"]["completion_tokens"], 7);  // max_new_tokens
   EXPECT_EQ(r["choices"][0]["text"], generated_alone(recommended, 7));
+  // Near the end of the context it gets what is left (197 prompt tokens of 200).
+  const json near = post_json(c, json{{"prompt", std::string(196, 'a')}, {"seed", 3}, {"ignore_eos", true}});
+  EXPECT_EQ(near["usage"]["completion_tokens"], 3);
   SamplingRow own = recommended;
   own.temperature = 1.3f;
   own.top_k = 0;
