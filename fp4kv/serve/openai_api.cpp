@@ -48,32 +48,53 @@ bool bool_field(const RequestJson& v, const std::string& name) {
   return v.get<bool>();
 }
 
+// Field `name`: a list of token ids of the vocabulary.
+std::vector<int> token_ids(const RequestJson& list, const std::string& name, const ModelLimits& limits) {
+  if (!list.is_array()) throw wrong_type(name, "a list of token ids", list);
+  std::vector<int> ids;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string item = name + "[" + std::to_string(i) + "]";
+    const long long id = integer_field(list[i], item);
+    if (id < 0 || id >= limits.vocab_size)
+      throw bad_request("'" + item + "' = " + std::to_string(id) + " is outside the vocabulary [0, " +
+                        std::to_string(limits.vocab_size) + ")");
+    ids.push_back(int(id));
+  }
+  return ids;
+}
+
+// `prompt`: one text, a list of texts, one list of token ids, or a list of such lists.
 void parse_prompt(const RequestJson& body, const ModelLimits& limits, CompletionRequest& r) {
   const RequestJson* p = field(body, "prompt");
   if (!p) throw bad_request("'prompt' is required", "missing_field");
-  if (p->is_string()) {
-    r.prompt_text = p->get<std::string>();
-    if (r.prompt_text.empty()) throw bad_request("'prompt' is empty");
-    return;
-  }
-  if (!p->is_array()) throw wrong_type("prompt", "a string or a list of token ids", *p);
+  auto text = [&r](const RequestJson& t) {
+    if (t.get_ref<const std::string&>().empty()) throw bad_request("'prompt' holds an empty text");
+    r.prompts.push_back(Prompt{{}, t.get<std::string>(), false});
+  };
+  if (p->is_string()) return text(*p);
+  if (!p->is_array())
+    throw wrong_type("prompt", "a string, a list of strings, a list of token ids or a list of such lists", *p);
   if (p->empty()) throw bad_request("'prompt' is an empty list");
-  if (p->size() == 1 && (*p)[0].is_string()) {  // ["text"]: one prompt in list form
-    r.prompt_text = (*p)[0].get<std::string>();
-    if (r.prompt_text.empty()) throw bad_request("'prompt' is empty");
+  const RequestJson& first = (*p)[0];
+  if (first.is_number()) {
+    r.prompts.push_back(Prompt{token_ids(*p, "prompt", limits), {}, true});
     return;
   }
-  r.prompt_is_tokens = true;
+  if (p->size() > size_t(kMaxChoices))
+    throw bad_request("'prompt' holds " + std::to_string(p->size()) + " prompts, at most " +
+                      std::to_string(kMaxChoices));
   for (size_t i = 0; i < p->size(); ++i) {
-    const RequestJson& t = (*p)[i];
-    if (t.is_string() || t.is_array())
-      throw bad_request("'prompt' holds several prompts; this server takes one prompt per request");
+    const RequestJson& item = (*p)[i];
     const std::string name = "prompt[" + std::to_string(i) + "]";
-    const long long id = integer_field(t, name);
-    if (id < 0 || id >= limits.vocab_size)
-      throw bad_request("'" + name + "' = " + std::to_string(id) + " is outside the vocabulary [0, " +
-                        std::to_string(limits.vocab_size) + ")");
-    r.prompt_tokens.push_back(int(id));
+    if (item.is_string() && first.is_string()) {
+      text(item);
+    } else if (item.is_array() && first.is_array()) {
+      if (item.empty()) throw bad_request("'" + name + "' is an empty list");
+      r.prompts.push_back(Prompt{token_ids(item, name, limits), {}, true});
+    } else {
+      throw wrong_type(name, first.is_string() ? "a string (as prompt[0])" : "a list of token ids (as prompt[0])",
+                       item);
+    }
   }
 }
 
@@ -103,21 +124,6 @@ std::string format_number(float x) {  // 0.6f as "0.6"
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", double(x));
   return buf;
-}
-
-// Field `name`: a list of token ids of the vocabulary.
-std::vector<int> token_ids(const RequestJson& list, const std::string& name, const ModelLimits& limits) {
-  if (!list.is_array()) throw wrong_type(name, "a list of token ids", list);
-  std::vector<int> ids;
-  for (size_t i = 0; i < list.size(); ++i) {
-    const std::string item = name + "[" + std::to_string(i) + "]";
-    const long long id = integer_field(list[i], item);
-    if (id < 0 || id >= limits.vocab_size)
-      throw bad_request("'" + item + "' = " + std::to_string(id) + " is outside the vocabulary [0, " +
-                        std::to_string(limits.vocab_size) + ")");
-    ids.push_back(int(id));
-  }
-  return ids;
 }
 
 // vLLM's stop_token_ids: generation ends at any of these tokens, which is emitted.
@@ -252,10 +258,13 @@ CompletionRequest parse_completion_request(const std::string& body_text, const M
   parse_prompt(body, limits, r);
   r.params.max_tokens = kDefaultMaxTokens;
   if (const RequestJson* v = field(body, "max_tokens")) parse_max_tokens(*v, "max_tokens", limits, r);
-  if (r.prompt_is_tokens && (long long)r.prompt_tokens.size() + r.params.max_tokens > limits.context)
-    throw bad_request("prompt (" + std::to_string(r.prompt_tokens.size()) + " tokens) + max_tokens (" +
-                      std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
-                      std::to_string(limits.context) + " tokens", "context_length_exceeded");
+  for (const Prompt& prompt : r.prompts) {
+    const long long length = (long long)prompt.tokens.size() + r.params.max_tokens;
+    if (prompt.is_tokens && r.max_tokens_given && length > limits.context)
+      throw bad_request("prompt (" + std::to_string(prompt.tokens.size()) + " tokens) + max_tokens (" +
+                        std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
+                        std::to_string(limits.context) + " tokens", "context_length_exceeded");
+  }
   if (const RequestJson* v = field(body, "logprobs")) {
     const long long n = integer_field(*v, "logprobs");
     if (n < 0 || n > engine::kMaxTopLogprobs)
@@ -264,6 +273,9 @@ CompletionRequest parse_completion_request(const std::string& body_text, const M
     r.params.logprobs = int(n);
   }
   parse_options(body, limits, r);
+  if (r.prompts.size() * size_t(r.n) > size_t(kMaxChoices))
+    throw bad_request(std::to_string(r.prompts.size()) + " prompts x n = " + std::to_string(r.n) + " are more than " +
+                      std::to_string(kMaxChoices) + " completions in one request");
   return r;
 }
 

@@ -48,8 +48,8 @@ inline constexpr int kHttpPayloadTooLarge = 413;
 inline constexpr int kHttpInternalError = 500;
 inline constexpr int kHttpUnavailable = 503;
 
-// The most choices (`n`) one request may ask for: each is an engine request of its own.
-inline constexpr int kMaxChoices = 16;
+// The most completions (prompts x n) one request may ask for: each is an engine request.
+inline constexpr int kMaxChoices = 64;
 
 // OpenAI's default when max_tokens is absent.
 inline constexpr int kDefaultMaxTokens = 16;
@@ -61,10 +61,15 @@ inline constexpr uint64_t kSeededRequestId = 1;
 nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& code);
 ApiError bad_request(const std::string& message, const std::string& code = "invalid_request");
 
+// One prompt of a completions request: token ids, or a text the server tokenizes.
+struct Prompt {
+  std::vector<int> tokens;
+  std::string text;
+  bool is_tokens = false;
+};
+
 struct CompletionRequest {
-  std::vector<int> prompt_tokens;  // set when the prompt is a list of token ids
-  std::string prompt_text;         // otherwise the prompt text
-  bool prompt_is_tokens = false;
+  std::vector<Prompt> prompts;     // completions: one or more; chat: none (the template renders one)
   engine::RequestParams params;
   bool max_tokens_given = false;   // else params.max_tokens is the endpoint's default
   bool seeded = false;             // the client gave a seed (else the server draws one)
@@ -102,8 +107,9 @@ struct ModelLimits {
 };
 
 // Throws ApiError naming the field: malformed JSON, a known field of the wrong type or out of
-// range, n outside 1..kMaxChoices, unsupported options set (echo, best_of, suffix, penalties), a
-// prompt that is not one string or one list of token ids, max_tokens beyond the context.
+// range, more than kMaxChoices completions (prompts x n), unsupported options set (echo,
+// best_of, suffix, penalties), a prompt that is not a string, a list of strings, a list of
+// token ids or a list of such lists, max_tokens beyond the context.
 // Sampling fields left out take limits.defaults.
 CompletionRequest parse_completion_request(const std::string& body, const ModelLimits& limits);
 

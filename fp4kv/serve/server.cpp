@@ -311,7 +311,9 @@ void HttpServer::routes() {
 void HttpServer::completions(const httplib::Request& req, httplib::Response& res) {
   try {
     CompletionRequest r = parse_completion_request(req.body, model_);
-    generate(r, r.prompt_is_tokens ? r.prompt_tokens : codec_.encode(r.prompt_text), res);
+    std::vector<std::vector<int>> prompts;
+    for (const Prompt& p : r.prompts) prompts.push_back(p.is_tokens ? p.tokens : codec_.encode(p.text));
+    generate(r, prompts, res);
   } catch (const ApiError& e) {
     metrics_.request_finished(false);
     send_error(res, e);
@@ -361,12 +363,7 @@ void HttpServer::detokenize(const httplib::Request& req, httplib::Response& res)
 void HttpServer::chat_completions(const httplib::Request& req, httplib::Response& res) {
   try {
     ChatRequest r = parse_chat_request(req.body, model_, config_.tool_call_parser == kHermesToolCalls);
-    const std::vector<int> prompt = codec_.encode(render_chat(r.conversation));
-    if (!r.options.max_tokens_given) {  // the rest of the context, as vLLM's default
-      const long long rest = (long long)model_.context - (long long)prompt.size();
-      r.options.params.max_tokens =
-          model_.context == INT_MAX ? kDefaultChatMaxTokensUnbounded : int(std::max(rest, 1LL));
-    }
+    const std::vector<std::vector<int>> prompt = {codec_.encode(render_chat(r.conversation))};
     generate(r.options, prompt, res);
   } catch (const ApiError& e) {
     metrics_.request_finished(false);
@@ -374,33 +371,49 @@ void HttpServer::chat_completions(const httplib::Request& req, httplib::Response
   }
 }
 
-void HttpServer::generate(CompletionRequest& r, const std::vector<int>& prompt, httplib::Response& res) {
-  if (!r.max_tokens_given && model_.defaults.max_tokens) {  // the model's max_new_tokens, within the context
-    const long long rest = (long long)model_.context - (long long)prompt.size();
-    r.params.max_tokens = int(std::max(1LL, std::min<long long>(*model_.defaults.max_tokens, rest)));
+// A request without max_tokens: completions OpenAI's 16, chat the rest of the context (vLLM's
+// default); either at most the model's max_new_tokens within the rest of the context.
+int HttpServer::default_max_tokens(const CompletionRequest& r, size_t prompt_tokens) const {
+  const long long rest = (long long)model_.context - (long long)prompt_tokens;
+  long long n = !r.chat ? kDefaultMaxTokens : model_.context == INT_MAX ? kDefaultChatMaxTokensUnbounded : rest;
+  if (model_.defaults.max_tokens) n = std::min<long long>(*model_.defaults.max_tokens, rest);
+  return int(std::max(n, 1LL));
+}
+
+void HttpServer::generate(CompletionRequest& r, const std::vector<std::vector<int>>& prompts, httplib::Response& res) {
+  std::vector<engine::RequestParams> params;  // per prompt
+  int prompt_tokens = 0;
+  for (const std::vector<int>& prompt : prompts) {
+    engine::RequestParams& p = params.emplace_back(r.params);
+    if (!r.max_tokens_given) p.max_tokens = default_max_tokens(r, prompt.size());
+    if ((long long)prompt.size() + p.max_tokens > model_.context)
+      throw ApiError(kHttpBadRequest, "invalid_request_error", "context_length_exceeded",
+                     "prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
+                         std::to_string(p.max_tokens) + ") exceeds the model's context of " +
+                         std::to_string(model_.context) + " tokens");
+    prompt_tokens += int(prompt.size());
   }
-  if ((long long)prompt.size() + r.params.max_tokens > model_.context)
-    throw ApiError(kHttpBadRequest, "invalid_request_error", "context_length_exceeded",
-                   "prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
-                       std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
-                       std::to_string(model_.context) + " tokens");
   if (!r.seeded) r.params.sampling.seed = std::random_device{}();  // request_id 0: the engine's id
+  // Completion p * n + i is choice i of prompt p; a seeded request's choices draw apart by
+  // their request ids (choice 0 as with n = 1, so each prompt as in a request of its own).
   std::vector<uint64_t> ids;
   try {
-    for (int i = 0; i < r.n; ++i) {
-      engine::RequestParams params = r.params;
-      // A seeded request's choices draw apart by their request ids (choice 0: as with n = 1).
-      if (r.seeded) params.sampling.request_id = kSeededRequestId + uint64_t(i);
-      ids.push_back(admit(prompt, params));
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      for (int i = 0; i < r.n; ++i) {
+        engine::RequestParams choice = params[p];
+        choice.sampling.seed = r.params.sampling.seed;
+        if (r.seeded) choice.sampling.request_id = kSeededRequestId + uint64_t(i);
+        ids.push_back(admit(prompts[p], choice));
+      }
     }
   } catch (...) {
     for (uint64_t id : ids) abandon(id);
     throw;
   }
   if (r.stream)
-    respond_stream(r, ids, int(prompt.size()), res);
+    respond_stream(r, ids, prompt_tokens, res);
   else
-    respond_whole(r, ids, int(prompt.size()), res);
+    respond_whole(r, ids, prompt_tokens, res);
 }
 
 // One choice read to its end.

@@ -103,8 +103,10 @@ class HttpServer {
   // The prompt text of a conversation through the chat template in force. Throws ApiError
   // (no template, a template's refusal or failure).
   std::string render_chat(const model::ChatInput& conversation) const;
-  // Submits `prompt` for `r` and answers with the whole completion or its stream. Throws ApiError.
-  void generate(CompletionRequest& r, const std::vector<int>& prompt, httplib::Response& res);
+  // Submits every prompt n times for `r` and answers with the whole completions or their
+  // streams. Throws ApiError (before submitting any when a prompt does not fit the context).
+  void generate(CompletionRequest& r, const std::vector<std::vector<int>>& prompts, httplib::Response& res);
+  int default_max_tokens(const CompletionRequest& r, size_t prompt_tokens) const;
   // The chat template in force, or null.
   const model::ChatTemplate* chat_template() const;
   struct WholeChoice;

@@ -116,7 +116,9 @@ TEST(OpenAiApi, ParsesAValidRequest) {
   const CompletionRequest r = parse_completion_request(
       R"({"model":"pk8l","prompt":"Hi","max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":3,"seed":7,"stop":["x","y"],"stream":true})",
       limits());
-  EXPECT_EQ(r.prompt_text, "Hi");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "Hi");
+  EXPECT_FALSE(r.prompts[0].is_tokens);
   EXPECT_EQ(r.params.max_tokens, 5);
   EXPECT_FLOAT_EQ(r.params.sampling.temperature, 0.5f);
   EXPECT_EQ(r.params.sampling.top_k, 3);
@@ -127,10 +129,18 @@ TEST(OpenAiApi, ParsesAValidRequest) {
   EXPECT_EQ(r.n, 1);
   EXPECT_EQ(parse_completion_request(R"({"prompt":"Hi","stop_token_ids":[10,257]})", limits()).params.stop_token_ids,
             (std::vector<int>{10, 257}));
-  EXPECT_EQ(parse_completion_request(R"({"prompt":"Hi","n":16})", limits()).n, kMaxChoices);
+  EXPECT_EQ(parse_completion_request(R"({"prompt":"Hi","n":64})", limits()).n, kMaxChoices);
   const CompletionRequest t = parse_completion_request(R"({"prompt":[1,2,3]})", limits());
-  EXPECT_TRUE(t.prompt_is_tokens);
-  EXPECT_EQ(t.prompt_tokens, (std::vector<int>{1, 2, 3}));
+  ASSERT_EQ(t.prompts.size(), 1u);
+  EXPECT_TRUE(t.prompts[0].is_tokens);
+  EXPECT_EQ(t.prompts[0].tokens, (std::vector<int>{1, 2, 3}));
+  // Several prompts: texts, or token-id lists.
+  const CompletionRequest texts = parse_completion_request(R"({"prompt":["a","bc"],"n":2})", limits());
+  ASSERT_EQ(texts.prompts.size(), 2u);
+  EXPECT_EQ(texts.prompts[1].text, "bc");
+  const CompletionRequest lists = parse_completion_request(R"({"prompt":[[1],[2,3]]})", limits());
+  ASSERT_EQ(lists.prompts.size(), 2u);
+  EXPECT_EQ(lists.prompts[1].tokens, (std::vector<int>{2, 3}));
   EXPECT_EQ(t.params.max_tokens, kDefaultMaxTokens);
   EXPECT_EQ(t.params.logprobs, -1);  // none unless asked for
   EXPECT_EQ(parse_completion_request(R"({"prompt":"a","logprobs":0})", limits()).params.logprobs, 0);
@@ -165,7 +175,14 @@ TEST(OpenAiApi, RefusesBadRequests) {
   EXPECT_EQ(status_of(R"({"prompt":""})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":[1,"a"]})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":[1,999]})"), 400);
-  EXPECT_EQ(status_of(R"({"prompt":[[1],[2]]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":[[1],"a"]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":["a",[1]]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":["a",""]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":[[1],[]]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":[[1],[999]]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":[]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":["a","b"],"n":33})"), 400);  // 66 completions
+  EXPECT_EQ(status_of(R"({"prompt":[[1],[2,3,4]],"max_tokens":62})"), 400);  // the second does not fit
   EXPECT_EQ(status_of(R"({"prompt":"a","max_tokens":"5"})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","max_tokens":0})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","max_tokens":64})"), 400);
@@ -174,7 +191,7 @@ TEST(OpenAiApi, RefusesBadRequests) {
   EXPECT_EQ(status_of(R"({"prompt":"a","stop_token_ids":7})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","stop_token_ids":["x"]})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","n":0})"), 400);
-  EXPECT_EQ(status_of(R"({"prompt":"a","n":17})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"a","n":65})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","n":2.5})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","temperature":-1})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"a","top_p":0})"), 400);

@@ -473,6 +473,41 @@ TEST(Server, SeveralChoices) {
   EXPECT_EQ(metric(s, "fp4kv_requests_running"), 0);
 }
 
+// Several prompts with n choices each: completion p * n + i is choice i of prompt p, each
+// prompt drawing as in a request of its own; prompts of texts or of token ids; usage summed.
+TEST(Server, SeveralPrompts) {
+  RunningServer s;
+  httplib::Client c = s.client();
+  json body = request("", 5, 0.8f, 4);
+  body["prompt"] = {"Once upon", "Hello"};
+  body["n"] = 2;
+  body["ignore_eos"] = true;
+  const json whole = post_json(c, body);
+  ASSERT_EQ(whole["choices"].size(), 4u);
+  const std::vector<std::string> prompts = {"Once upon", "Hello"};
+  for (int p = 0; p < 2; ++p)
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(whole["choices"][p * 2 + i]["index"], p * 2 + i);
+      EXPECT_EQ(whole["choices"][p * 2 + i]["text"], alone(s.serving(), prompts[size_t(p)], 5, 0.8f, 4, i));
+    }
+  const int prompt_tokens = int(model::encode_bytes("Once upon").size() + model::encode_bytes("Hello").size());
+  EXPECT_EQ(whole["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 20);
+  body["prompt"] = {model::encode_bytes("Once upon"), model::encode_bytes("Hello")};
+  EXPECT_EQ(post_json(c, body)["choices"], whole["choices"]);
+  body["stream"] = true;
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  std::vector<std::string> texts(4);
+  for (size_t pos = 0; (pos = r->body.find("data: {", pos)) != std::string::npos;) {
+    const size_t end = r->body.find("\n\n", pos);
+    const json j = json::parse(r->body.substr(pos + 6, end - pos - 6));
+    pos = end;
+    texts[j["choices"][0]["index"].get<size_t>()] += j["choices"][0]["text"].get<std::string>();
+  }
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(texts[k], whole["choices"][k]["text"]);
+}
+
 // --max-model-len: the context requests are checked against and /v1/models reports.
 TEST(Server, MaxModelLenBoundsRequests) {
   CpuServeSetup setup = pk8l_setup();
@@ -734,7 +769,7 @@ TEST(Server, ErrorsAreJsonWithTheirStatus) {
   };
   expect_error(c.Post("/v1/completions", "{not json", "application/json"), 400);
   expect_error(c.Post("/v1/completions", R"({"prompt":"a","max_tokens":"x"})", "application/json"), 400);
-  expect_error(c.Post("/v1/completions", R"({"prompt":"a","n":30})", "application/json"), 400);
+  expect_error(c.Post("/v1/completions", R"({"prompt":"a","n":100})", "application/json"), 400);
   expect_error(c.Post("/v1/completions", R"({"prompt":"a","max_tokens":100000})", "application/json"), 400);
   expect_error(c.Post("/v1/completions", json{{"prompt", std::string(40000, 'a')}}.dump(), "application/json"), 400);
   expect_error(c.Post("/v1/chat/completions", R"({"messages":[]})", "application/json"), 400);
