@@ -241,6 +241,11 @@ bool HttpServer::authorized(const httplib::Request& req) const {
   return same_secret(header.substr(std::string(kBearer).size()), config_.api_key);
 }
 
+json HttpServer::model_json(const std::string& name) const {
+  return json{{"id", name},          {"object", "model"},          {"created", created_},
+              {"owned_by", "fp4kv"}, {"max_model_len", model_.context}};
+}
+
 namespace {
 
 std::vector<std::string> served_names(const ModelLimits& model) {
@@ -297,10 +302,17 @@ void HttpServer::routes() {
   });
   http_->Get("/v1/models", [this](const Request&, Response& res) {
     json data = json::array();
-    for (const std::string& name : served_names(model_))
-      data.push_back(json{{"id", name},          {"object", "model"},          {"created", created_},
-                          {"owned_by", "fp4kv"}, {"max_model_len", model_.context}});
+    for (const std::string& name : served_names(model_)) data.push_back(model_json(name));
     res.set_content(json{{"object", "list"}, {"data", data}}.dump(), kJson);
+  });
+  http_->Get(R"(/v1/models/(.+))", [this](const Request& req, Response& res) {  // OpenAI's retrieve
+    const std::vector<std::string> names = served_names(model_);
+    const std::string name = req.matches[1];
+    if (std::find(names.begin(), names.end(), name) != names.end())
+      return res.set_content(model_json(name).dump(), kJson);
+    send_error(res, kHttpNotFound,
+               "model '" + name + "' is not served here; this server serves '" + model_.model_name + "'",
+               "invalid_request_error", "model_not_found");
   });
   http_->Post("/v1/chat/completions", [this](const Request& req, Response& res) { chat_completions(req, res); });
   http_->Post("/v1/completions", [this](const Request& req, Response& res) { completions(req, res); });

@@ -3,8 +3,9 @@
 // steps the continuous batch, so all clients share it. Endpoints: POST /v1/completions and
 // POST /v1/chat/completions (JSON or server-sent events; a chat's messages become the prompt
 // through the chat template: the operator's --chat-template, else the checkpoint's; without
-// one it answers 400 no_chat_template), GET /v1/models, GET /health, GET /metrics, and
-// vLLM's POST /tokenize (a prompt or a rendered chat to ids) and POST /detokenize.
+// one it answers 400 no_chat_template), GET /v1/models (and /v1/models/{id}), GET /health,
+// GET /metrics, and vLLM's POST /tokenize (a prompt or a rendered chat to ids) and POST
+// /detokenize.
 //
 // Invariants: every request the server submitted is either read to its end or cancelled and
 // drained (a client that leaves mid-stream cancels its request, so its blocks are freed);
@@ -98,6 +99,8 @@ class HttpServer {
   void routes();
   void completions(const httplib::Request& req, httplib::Response& res);
   void chat_completions(const httplib::Request& req, httplib::Response& res);
+  // A model object of GET /v1/models (and /v1/models/{name}).
+  nlohmann::json model_json(const std::string& name) const;
   void tokenize(const httplib::Request& req, httplib::Response& res) const;
   void detokenize(const httplib::Request& req, httplib::Response& res) const;
   // The prompt text of a conversation through the chat template in force. Throws ApiError

@@ -543,6 +543,14 @@ TEST(Server, ServedModelNames) {
   ASSERT_EQ(data.size(), 2u);
   EXPECT_EQ(data[0]["id"], "Qwen/Qwen3-4B");
   EXPECT_EQ(data[1]["id"], "qwen3");
+  auto one = c.Get("/v1/models/Qwen/Qwen3-4B");  // OpenAI's retrieve, names with slashes too
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  EXPECT_EQ(json::parse(one->body), data[0]);
+  auto unknown = c.Get("/v1/models/pk8l");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_EQ(json::parse(unknown->body)["error"]["code"], "model_not_found");
   json body = request("Hello", 2);
   body["model"] = "qwen3";
   EXPECT_EQ(post_json(c, body)["model"], "Qwen/Qwen3-4B");
