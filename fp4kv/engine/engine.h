@@ -37,10 +37,13 @@ struct RequestParams {
   int logprobs = -1;              // -1: none; 0..kMaxTopLogprobs (backend.h): per token, with alternatives
 };
 
-// Text to token ids and back (model/byte_tokenizer.h's encode_bytes/decode_bytes for pk8l).
+// Text to token ids and back (model/byte_tokenizer.h's encode_bytes/decode_bytes for pk8l):
+// `encode` as prompts are fed (special tokens such as a BOS added), `encode_text` the text's
+// tokens alone (empty: encode adds none).
 struct TextCodec {
   std::function<std::vector<int>(std::string_view)> encode;
   Detokenize decode;
+  std::function<std::vector<int>(std::string_view)> encode_text;
 };
 
 // A stream read: tokens emitted since the last read; finished != none ends the stream.

@@ -20,8 +20,8 @@ Tokenizer Tokenizer::for_model(const std::string& dir, const Qwen3Config& config
   return Tokenizer(std::move(bpe));
 }
 
-std::vector<int> Tokenizer::encode(std::string_view text) const {
-  return bpe_ ? bpe_->encode(text) : encode_bytes(text);
+std::vector<int> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  return bpe_ ? bpe_->encode(text) : encode_bytes(text, add_special_tokens);
 }
 
 bool Tokenizer::is_text(int id) const {

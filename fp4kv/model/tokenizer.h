@@ -21,7 +21,9 @@ class Tokenizer {
   static Tokenizer for_model(const std::string& dir, const Qwen3Config& config);
   static Tokenizer bytes() { return Tokenizer(nullptr); }
 
-  std::vector<int> encode(std::string_view text) const;
+  // With `add_special_tokens` the tokens a prompt is fed with (the byte tokenizer's BOS first;
+  // the BPE's post-processor adds none), without it the text's tokens alone.
+  std::vector<int> encode(std::string_view text, bool add_special_tokens = true) const;
   // Bytes (may end inside a character); special tokens (BOS, EOS, chat markers) are not text
   // and decode to nothing, as the byte tokenizer's ids >= 256 do.
   std::string decode(const std::vector<int>& ids) const;

@@ -408,13 +408,14 @@ ChatRequest parse_chat_request(const std::string& body_text, const ModelLimits& 
 TokenizeRequest parse_tokenize_request(const std::string& body_text, const ModelLimits& limits) {
   const RequestJson body = parse_body(body_text);
   check_model(body, limits);
-  if (const RequestJson* v = field(body, "add_special_tokens")) bool_field(*v, "add_special_tokens");
   const RequestJson* prompt = field(body, "prompt");
   const bool chat = field(body, "messages") != nullptr;
   if ((prompt != nullptr) == chat)
     throw bad_request("send either 'prompt' (text) or 'messages' (a chat)", "missing_field");
   TokenizeRequest r;
   r.chat = chat;
+  if (const RequestJson* v = field(body, "add_special_tokens"))
+    r.add_special_tokens = bool_field(*v, "add_special_tokens");
   if (chat) {
     r.conversation = parse_chat_request(body_text, limits, /*tool_call_parsing=*/true).conversation;
     return r;

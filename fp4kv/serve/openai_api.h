@@ -141,10 +141,11 @@ ChatRequest parse_chat_request(const std::string& body, const ModelLimits& limit
 // chat template, into the token ids a completion would feed; ids back into text. Throws
 // ApiError naming the field: neither or both of prompt and messages, a prompt that is not a
 // non-empty string, chat fields as parse_chat_request checks them (tools are rendered whatever
-// tool_choice), add_special_tokens not a boolean (fp4kv's tokenizers add no special tokens, so
-// it changes nothing); for /detokenize, tokens not a list of ids in the vocabulary.
+// tool_choice), add_special_tokens not a boolean; for /detokenize, tokens not a list of ids in
+// the vocabulary.
 struct TokenizeRequest {
   bool chat = false;
+  bool add_special_tokens = true;  // as completions feed prompts (false: the text's tokens alone)
   std::string prompt;              // the text to tokenize (not chat)
   model::ChatInput conversation;   // what the chat template renders (chat)
 };

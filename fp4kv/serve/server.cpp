@@ -357,7 +357,9 @@ std::string HttpServer::render_chat(const model::ChatInput& conversation) const 
 void HttpServer::tokenize(const httplib::Request& req, httplib::Response& res) const {
   try {
     const TokenizeRequest r = parse_tokenize_request(req.body, model_);
-    const std::vector<int> ids = codec_.encode(r.chat ? render_chat(r.conversation) : r.prompt);
+    const std::string text = r.chat ? render_chat(r.conversation) : r.prompt;
+    const std::vector<int> ids =
+        r.add_special_tokens || !codec_.encode_text ? codec_.encode(text) : codec_.encode_text(text);
     res.set_content(tokenize_json(ids, model_.context).dump(), kJson);
   } catch (const ApiError& e) {
     send_error(res, e);

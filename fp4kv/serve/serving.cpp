@@ -10,7 +10,8 @@ namespace fp4kv::serve {
 
 engine::TextCodec text_codec(const model::Tokenizer& tokenizer) {
   return engine::TextCodec{[tokenizer](std::string_view t) { return tokenizer.encode(t); },
-                           [tokenizer](const std::vector<int>& ids) { return tokenizer.decode(ids); }};
+                           [tokenizer](const std::vector<int>& ids) { return tokenizer.decode(ids); },
+                           [tokenizer](std::string_view t) { return tokenizer.encode(t, false); }};
 }
 
 ModelLimits model_limits(const std::string& model_dir, const model::Qwen3Config& c) {

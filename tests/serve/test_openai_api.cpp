@@ -81,11 +81,13 @@ TEST(OpenAiApi, TokenizeAndDetokenizeRequests) {
                                                       limits());
   EXPECT_FALSE(text.chat);
   EXPECT_EQ(text.prompt, "Hi");
+  EXPECT_FALSE(text.add_special_tokens);
   const TokenizeRequest chat = parse_tokenize_request(
       R"({"messages":[{"role":"user","content":"Hi"}],"add_generation_prompt":false,
           "tools":[{"type":"function","function":{"name":"f"}}]})",
       limits());
   EXPECT_TRUE(chat.chat);
+  EXPECT_TRUE(chat.add_special_tokens);
   EXPECT_FALSE(chat.conversation.add_generation_prompt);
   EXPECT_NE(chat.conversation.tools_json.find("\"f\""), std::string::npos);
   auto tokenize_status = [](const std::string& body) {

@@ -586,6 +586,8 @@ TEST(Server, TokenizeAndDetokenize) {
   input.messages_json = messages.dump();
   EXPECT_EQ(chat["tokens"].get<std::vector<int>>(),
             s.serving().codec.encode(s.serving().limits.chat_template->render(input)));
+  const json plain = post("/tokenize", json{{"prompt", "Hello, world!"}, {"add_special_tokens", false}}, 200);
+  EXPECT_EQ(plain["tokens"], text["tokens"]);  // the BPE adds no special tokens
   const json back = post("/detokenize", json{{"tokens", ids}}, 200);
   EXPECT_EQ(back["prompt"], "Hello, world!");
   EXPECT_EQ(post("/detokenize", json{{"tokens", {-3}}}, 400)["error"]["code"], "invalid_request");
@@ -594,6 +596,17 @@ TEST(Server, TokenizeAndDetokenize) {
   auto refused = anonymous.Post("/tokenize", R"({"prompt": "x"})", "application/json");
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->status, 401);
+}
+
+// pk8l's byte tokenizer puts a BOS first as prompts are fed; add_special_tokens false leaves it out.
+TEST(Server, TokenizeWithoutSpecialTokens) {
+  RunningServer s;
+  httplib::Client c = s.client();
+  const json fed = post_json(c, json{{"prompt", "Hi"}}, 200, "/tokenize");
+  EXPECT_EQ(fed["tokens"], model::encode_bytes("Hi"));
+  const json text = post_json(c, json{{"prompt", "Hi"}, {"add_special_tokens", false}}, 200, "/tokenize");
+  EXPECT_EQ(text["tokens"], model::encode_bytes("Hi", false));
+  EXPECT_EQ(text["count"], 2);
 }
 
 // Without a template the endpoint says so; the operator's template serves any checkpoint and
