@@ -143,12 +143,18 @@ TEST(Scheduler, PreemptionKeepsEveryToken) {
   EXPECT_EQ(k.generated_tokens, 36);
 }
 
-TEST(Scheduler, StopStringCutsTheOutput) {
-  Engine e = make_engine(SchedulerConfig{});
+// Greedy, 24 tokens whatever EOS says: a continuation long enough to stop inside.
+RequestParams long_greedy() {
   RequestParams p;
   p.max_tokens = 24;
   p.stop_at_eos = false;
   p.sampling.request_id = 1;
+  return p;
+}
+
+TEST(Scheduler, StopStringCutsTheOutput) {
+  Engine e = make_engine(SchedulerConfig{});
+  RequestParams p = long_greedy();
   const std::vector<int> prompt = encode("The quick brown fox");
   const std::string full = model::decode_bytes(alone(prompt, p));
   ASSERT_GE(full.size(), 8u);
@@ -168,10 +174,7 @@ TEST(Scheduler, StopStringCutsTheOutput) {
 // token outside the vocabulary is refused at submit.
 TEST(Scheduler, StopTokenEndsTheOutputWithIt) {
   Engine e = make_engine(SchedulerConfig{});
-  RequestParams p;
-  p.max_tokens = 24;
-  p.stop_at_eos = false;
-  p.sampling.request_id = 1;
+  RequestParams p = long_greedy();
   const std::vector<int> prompt = encode("The quick brown fox");
   const std::vector<int> full = alone(prompt, p);
   ASSERT_GE(full.size(), 8u);
