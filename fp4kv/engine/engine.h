@@ -43,7 +43,7 @@ struct RequestParams {
 struct TextCodec {
   std::function<std::vector<int>(std::string_view)> encode;
   Detokenize decode;
-  std::function<std::vector<int>(std::string_view)> encode_text;
+  std::function<std::vector<int>(std::string_view)> encode_text = {};
 };
 
 // A stream read: tokens emitted since the last read; finished != none ends the stream.
