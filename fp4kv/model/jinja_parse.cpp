@@ -281,6 +281,14 @@ ExprPtr make(Expr::Kind kind, int line) {
   return e;
 }
 
+// A node applied to `subject` (its first operand): an attribute, a call, a filter, a test.
+ExprPtr make_applied(Expr::Kind kind, int line, ExprPtr subject, std::string name) {
+  auto e = make(kind, line);
+  e->name = std::move(name);
+  e->operands.push_back(std::move(subject));
+  return e;
+}
+
 class Parser {
  public:
   explicit Parser(std::vector<Segment> segments) : segments_(std::move(segments)) {}
@@ -678,22 +686,16 @@ class Parser {
       if (peek_op(".")) {
         const int line = take().line;
         const Token t = take();
-        auto a = make(Expr::Kind::attribute, line);
         if (t.kind == Token::Kind::name) {
-          a->name = t.text;
+          e = make_applied(Expr::Kind::attribute, line, std::move(e), t.text);
         } else if (t.kind == Token::Kind::integer) {  // x.0 is x[0]
-          a->kind = Expr::Kind::subscript;
           auto index = make(Expr::Kind::literal, line);
           index->value = Value::integer(std::strtoll(t.text.c_str(), nullptr, 10));
-          a->operands.push_back(std::move(e));
-          a->operands.push_back(std::move(index));
-          e = std::move(a);
-          continue;
+          e = make_applied(Expr::Kind::subscript, line, std::move(e), "");
+          e->operands.push_back(std::move(index));
         } else {
           fail(line, "expected an attribute name after '.'");
         }
-        a->operands.push_back(std::move(e));
-        e = std::move(a);
       } else if (peek_op("[")) {
         e = parse_subscript(std::move(e));
       } else if (peek_op("(")) {
@@ -719,13 +721,11 @@ class Parser {
     take();
     if (colons == 0) {
       if (!parts[0]) fail(line, "an empty subscript");
-      auto e = make(Expr::Kind::subscript, line);
-      e->operands.push_back(std::move(subject));
+      auto e = make_applied(Expr::Kind::subscript, line, std::move(subject), "");
       e->operands.push_back(std::move(parts[0]));
       return e;
     }
-    auto e = make(Expr::Kind::slice, line);
-    e->operands.push_back(std::move(subject));
+    auto e = make_applied(Expr::Kind::slice, line, std::move(subject), "");
     for (auto& p : parts) e->operands.push_back(std::move(p));
     return e;
   }
@@ -733,9 +733,7 @@ class Parser {
   // ( positional..., name=value... ) after a callee, filter or test.
   ExprPtr parse_call(ExprPtr subject, Expr::Kind kind, std::string name) {
     const int line = take().line;  // '('
-    auto e = make(kind, line);
-    e->name = std::move(name);
-    e->operands.push_back(std::move(subject));
+    auto e = make_applied(kind, line, std::move(subject), std::move(name));
     parse_arguments(*e, line);
     return e;
   }
@@ -768,10 +766,7 @@ class Parser {
         if (peek_op("(")) {
           e = parse_call(std::move(e), Expr::Kind::filter, std::move(name));
         } else {
-          auto f = make(Expr::Kind::filter, line);
-          f->name = std::move(name);
-          f->operands.push_back(std::move(e));
-          e = std::move(f);
+          e = make_applied(Expr::Kind::filter, line, std::move(e), std::move(name));
         }
       } else if (peek_name("is")) {
         e = parse_test(std::move(e));
@@ -792,9 +787,7 @@ class Parser {
     if (peek_op("(")) {
       t = parse_call(std::move(subject), Expr::Kind::test, std::move(name));
     } else {
-      t = make(Expr::Kind::test, line);
-      t->name = std::move(name);
-      t->operands.push_back(std::move(subject));
+      t = make_applied(Expr::Kind::test, line, std::move(subject), std::move(name));
       const Token& n = peek();
       const bool argument = (n.kind == Token::Kind::name && n.text != "else" && n.text != "or" && n.text != "and") ||
                             n.kind == Token::Kind::string || n.kind == Token::Kind::integer ||
