@@ -380,8 +380,9 @@ void parse_chat_logprobs(const RequestJson& body, CompletionRequest& r) {
 
 }  // namespace
 
-ChatRequest parse_chat_request(const std::string& body_text, const ModelLimits& limits, bool tool_call_parsing) {
-  const RequestJson body = parse_body(body_text);
+namespace {
+
+ChatRequest parse_chat_body(const RequestJson& body, const ModelLimits& limits, bool tool_call_parsing) {
   check_model(body, limits);
   ChatRequest r;
   r.options.chat = true;
@@ -405,6 +406,12 @@ ChatRequest parse_chat_request(const std::string& body_text, const ModelLimits& 
   return r;
 }
 
+}  // namespace
+
+ChatRequest parse_chat_request(const std::string& body_text, const ModelLimits& limits, bool tool_call_parsing) {
+  return parse_chat_body(parse_body(body_text), limits, tool_call_parsing);
+}
+
 TokenizeRequest parse_tokenize_request(const std::string& body_text, const ModelLimits& limits) {
   const RequestJson body = parse_body(body_text);
   check_model(body, limits);
@@ -417,7 +424,7 @@ TokenizeRequest parse_tokenize_request(const std::string& body_text, const Model
   if (const RequestJson* v = field(body, "add_special_tokens"))
     r.add_special_tokens = bool_field(*v, "add_special_tokens");
   if (chat) {
-    r.conversation = parse_chat_request(body_text, limits, /*tool_call_parsing=*/true).conversation;
+    r.conversation = parse_chat_body(body, limits, /*tool_call_parsing=*/true).conversation;
     return r;
   }
   if (!prompt->is_string()) throw wrong_type("prompt", "a string", *prompt);

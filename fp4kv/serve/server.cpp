@@ -395,6 +395,7 @@ int HttpServer::default_max_tokens(const CompletionRequest& r, size_t prompt_tok
 }
 
 void HttpServer::generate(CompletionRequest& r, const std::vector<std::vector<int>>& prompts, httplib::Response& res) {
+  if (!r.seeded) r.params.sampling.seed = std::random_device{}();  // request_id 0: the engine's id
   std::vector<engine::RequestParams> params;  // per prompt
   int prompt_tokens = 0;
   for (const std::vector<int>& prompt : prompts) {
@@ -407,7 +408,6 @@ void HttpServer::generate(CompletionRequest& r, const std::vector<std::vector<in
                          std::to_string(model_.context) + " tokens");
     prompt_tokens += int(prompt.size());
   }
-  if (!r.seeded) r.params.sampling.seed = std::random_device{}();  // request_id 0: the engine's id
   // Completion p * n + i is choice i of prompt p; a seeded request's choices draw apart by
   // their request ids (choice 0 as with n = 1, so each prompt as in a request of its own).
   std::vector<uint64_t> ids;
@@ -415,7 +415,6 @@ void HttpServer::generate(CompletionRequest& r, const std::vector<std::vector<in
     for (size_t p = 0; p < prompts.size(); ++p) {
       for (int i = 0; i < r.n; ++i) {
         engine::RequestParams choice = params[p];
-        choice.sampling.seed = r.params.sampling.seed;
         if (r.seeded) choice.sampling.request_id = kSeededRequestId + uint64_t(i);
         ids.push_back(admit(prompts[p], choice));
       }
