@@ -28,6 +28,10 @@ struct Args {
   // The i-th positional argument or the keyword `name`, else `fallback`.
   Value get(size_t i, const char* name, Value fallback = Value()) const {
     if (i < positional.size()) return positional[i];
+    return keyword(name, std::move(fallback));
+  }
+  // The keyword `name` (an argument that is never positional), else `fallback`.
+  Value keyword(const char* name, Value fallback = Value()) const {
     for (const auto& [k, v] : keywords)
       if (k == name) return v;
     return fallback;
@@ -421,10 +425,10 @@ Value select(const Value& v, const Args& a, bool by_attribute, bool keep) {
 
 Value map_filter(const Value& v, const Args& a) {
   List out;
-  const Value attribute = a.get(99, "attribute");
+  const Value attribute = a.keyword("attribute");
   if (!attribute.is_undefined()) {
     const std::string path = expect_string(attribute, "map");
-    const Value fallback = a.get(99, "default");
+    const Value fallback = a.keyword("default");
     for (const Value& item : iterate(v)) {
       Value x = attribute_path(item, path);
       out.push_back(x.is_undefined() && !fallback.is_undefined() ? fallback : x);
@@ -444,13 +448,13 @@ Value tojson(const Value& v, const Args& a) {
   JsonStyle style;
   const Value indent = a.get(0, "indent");
   if (!indent.is_undefined() && !indent.is(Value::Kind::none)) style.indent = int(expect_int(indent, "tojson indent"));
-  const Value separators = a.get(99, "separators");
+  const Value separators = a.keyword("separators");
   if (separators.is(Value::Kind::list) && separators.items().size() == 2) {
     style.item_separator = expect_string(separators.items()[0], "tojson separators");
     style.key_separator = expect_string(separators.items()[1], "tojson separators");
   }
-  style.sort_keys = truthy(a.get(99, "sort_keys"));
-  if (truthy(a.get(99, "ensure_ascii"))) throw TemplateError("tojson: ensure_ascii=True is not supported");
+  style.sort_keys = truthy(a.keyword("sort_keys"));
+  if (truthy(a.keyword("ensure_ascii"))) throw TemplateError("tojson: ensure_ascii=True is not supported");
   return Value::string(python_json(v, style));
 }
 
